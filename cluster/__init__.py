@@ -1,0 +1,1 @@
+"""turnstile command line."""

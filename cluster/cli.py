@@ -1,0 +1,33 @@
+"""The ``turnstile`` command line: one sub-command per module in ``cluster/commands``.
+
+Each command module exposes ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("serve_corpus", "episode", "expert")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turnstile", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module_name in COMMANDS:
+        module = importlib.import_module(f"cluster.commands.{module_name}")
+        command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(command)
+        command.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args._run(args)
+    except KeyboardInterrupt:
+        print("turnstile: interrupted", file=sys.stderr)
+        code = 130
+    raise SystemExit(code)

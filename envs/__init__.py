@@ -1,0 +1,1 @@
+"""Environments, tools, datasets and the synthetic world."""

@@ -1,0 +1,195 @@
+"""The environment contract and the search/browse environment.
+
+An :class:`Env` is async and single use: ``reset`` once, ``step`` until ``done``, then ``close``
+(safe to call twice). Builders are cheap, picklable specs; the heavy parts (HTTP pools, browser,
+cache) live in the shared :class:`~envs.tools.toolbox.Toolbox` a worker builds once.
+
+:class:`SearchBrowseEnv` speaks the agent protocol of ALGORITHMS.md §1. Whatever the policy writes
+and whatever the tools do, ``step`` returns an observation: malformed turns get a corrective
+observation, tool failures an error text the agent can read. The last allowed turn gets the
+forced-answer instruction instead of a tool result.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from envs.protocol import (
+    FINAL_ANSWER_INSTRUCTION,
+    ParsedTurn,
+    TurnKind,
+    parse_turn,
+    render_correction,
+    render_tool_response,
+    system_prompt,
+)
+from envs.tasks import Task
+from envs.tools.toolbox import Toolbox
+
+Message = dict[str, str]
+
+
+class EpisodeEnd(enum.Enum):
+    """Why an environment finished an episode."""
+
+    ANSWERED = "answered"  # a well-formed answer
+    MALFORMED_ANSWER = "malformed_answer"  # an answer attempt that failed the format check
+    NO_ANSWER = "no_answer"  # the final turn (after the forced-answer instruction) did not answer
+
+
+@dataclass
+class EnvConfig:
+    max_turns: int = 200  # assistant turns, the answer turn included
+    tool_budget: int = 0  # tool calls per episode; 0 = max_turns - 1
+    per_tool_budget: dict[str, int] = field(default_factory=dict)  # e.g. {"visit": 50}
+    require_think: bool = True
+    expect_report: bool = False  # iter_research turns carry a <report>
+    today: str = ""  # shown in the system prompt when set
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    turn: int
+    parsed: ParsedTurn
+    tool: str | None = None  # the tool that ran (None for answers and malformed turns)
+    tool_ok: bool | None = None
+    tool_error: str | None = None
+    tool_cached: bool = False
+    tool_seconds: float = 0.0
+    forced_final: bool = False  # the observation is the forced-answer instruction
+    end: EpisodeEnd | None = None
+
+    @property
+    def format_ok(self) -> bool:
+        return self.parsed.format_ok
+
+    @property
+    def answer(self) -> str | None:
+        return self.parsed.answer
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str  # the user message content that follows the turn ("" when done)
+    done: bool
+    info: StepInfo
+
+
+class Env(abc.ABC):
+    """Async, single-use episode.
+
+    - ``reset()`` returns the first observation as chat messages; call it exactly once.
+    - ``step(action)`` takes the assistant's text and returns the next observation; it must not
+      raise on anything the policy writes or any tool failure.
+    - ``close()`` releases what the episode holds; safe to call twice.
+    """
+
+    @abc.abstractmethod
+    async def reset(self) -> list[Message]: ...
+
+    @abc.abstractmethod
+    async def step(self, action: str) -> StepResult: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class SearchBrowseEnv(Env):
+    def __init__(self, task: Task, toolbox: Toolbox, config: EnvConfig | None = None) -> None:
+        self.task = task
+        self.toolbox = toolbox
+        self.config = config or EnvConfig()
+        if self.config.max_turns < 1:
+            raise ValueError("env.max_turns must be >= 1")
+        unknown = sorted(set(self.config.per_tool_budget) - set(toolbox.names))
+        if unknown:
+            raise ValueError(f"env.per_tool_budget names unknown tools {unknown}; "
+                             f"tools are {toolbox.names}")
+        self.turn = 0
+        self.tool_calls: Counter[str] = Counter()
+        self._started = False
+        self._done = False
+        self._final_next = False
+        self._closed = False
+
+    @property
+    def tool_budget(self) -> int:
+        return self.config.tool_budget or max(self.config.max_turns - 1, 0)
+
+    async def reset(self) -> list[Message]:
+        if self._started:
+            raise RuntimeError("SearchBrowseEnv is single use: reset() was already called")
+        self._started = True
+        question = self.task.question
+        if self.config.max_turns == 1:
+            self._final_next = True
+            question = f"{question}\n\n{FINAL_ANSWER_INSTRUCTION}"
+        return [
+            {"role": "system",
+             "content": system_prompt(self.toolbox.schemas(), self.config.today or None)},
+            {"role": "user", "content": question},
+        ]
+
+    def force_final_answer(self) -> str:
+        """Make the next turn the last one and return the instruction to show instead of the
+        observation (the rollout calls this when the next context would overflow its budget)."""
+        self._final_next = True
+        return FINAL_ANSWER_INSTRUCTION
+
+    async def step(self, action: str) -> StepResult:
+        if not self._started:
+            raise RuntimeError("call reset() before step()")
+        if self._done:
+            raise RuntimeError("the episode is over; build a new environment for the next one")
+        turn = self.turn
+        self.turn += 1
+        parsed = parse_turn(action, require_think=self.config.require_think,
+                            expect_report=self.config.expect_report)
+
+        if parsed.kind is TurnKind.ANSWER:
+            end = EpisodeEnd.ANSWERED if parsed.format_ok else EpisodeEnd.MALFORMED_ANSWER
+            return self._finish(turn, parsed, end)
+        if self._final_next:
+            return self._finish(turn, parsed, EpisodeEnd.NO_ANSWER)
+
+        if parsed.kind is TurnKind.MALFORMED:
+            info = StepInfo(turn, parsed)
+            observation = render_correction(parsed.errors, self.toolbox.names)
+        else:
+            info, observation = await self._call_tool(turn, parsed)
+
+        if self.turn >= self.config.max_turns - 1 or self._budget_spent():
+            self._final_next = True
+            return StepResult(FINAL_ANSWER_INSTRUCTION, False, replace(info, forced_final=True))
+        return StepResult(observation, False, info)
+
+    async def _call_tool(self, turn: int, parsed: ParsedTurn) -> tuple[StepInfo, str]:
+        name = parsed.tool or ""
+        limit = self.config.per_tool_budget.get(name)
+        if limit is not None and self.tool_calls[name] >= limit:
+            text = (f"[{name}] not run: this episode's budget of {limit} {name} calls is used up. "
+                    "Use another tool or answer.")
+            info = StepInfo(turn, parsed, tool=name, tool_ok=False, tool_error="budget")
+            return info, render_tool_response(text)
+        self.tool_calls[name] += 1
+        started = time.monotonic()
+        outcome = await self.toolbox.run(name, parsed.arguments)
+        info = StepInfo(turn, parsed, tool=name, tool_ok=outcome.ok, tool_error=outcome.error,
+                        tool_cached=outcome.cached, tool_seconds=time.monotonic() - started)
+        return info, render_tool_response(outcome.text)
+
+    def _budget_spent(self) -> bool:
+        return sum(self.tool_calls.values()) >= self.tool_budget
+
+    def _finish(self, turn: int, parsed: ParsedTurn, end: EpisodeEnd) -> StepResult:
+        self._done = True
+        return StepResult("", True, StepInfo(turn, parsed, end=end))
+
+    async def close(self) -> None:
+        # The toolbox is shared by the worker's episodes and closed by its owner, not here.
+        self._closed = True
+

@@ -1,0 +1,1 @@
+"""Search backends (local index, Serper-compatible API, retrieval server) and the search tool."""

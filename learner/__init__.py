@@ -1,0 +1,1 @@
+"""learner: see DESIGN.md."""

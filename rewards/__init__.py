@@ -1,0 +1,1 @@
+"""rewards: see DESIGN.md."""

@@ -1,0 +1,160 @@
+"""SearchBrowseEnv: the protocol loop, corrective observations, forced answer, budgets, misuse."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from envs.env import EnvConfig, EpisodeEnd, SearchBrowseEnv
+from envs.protocol import FINAL_ANSWER_INSTRUCTION, render_answer, render_tool_call
+from envs.tasks import Task
+from envs.tools.base import ToolError
+from envs.tools.toolbox import Toolbox, ToolboxConfig
+from tests.tools_for_tests import EchoTool, FlakyTool
+
+TASK = Task(id="t1", question="Who?", answers=("Ada",))
+
+
+def make_env(config: EnvConfig | None = None, tools: list | None = None) -> SearchBrowseEnv:
+    box = Toolbox(tools or [EchoTool("search"), EchoTool("visit")], ToolboxConfig(backoff_s=0.001))
+    return SearchBrowseEnv(TASK, box, config)
+
+
+def call(tool: str = "search", text: str = "hi") -> str:
+    return render_tool_call(tool, {"text": text}, "thinking")
+
+
+async def test_reset_gives_system_and_question() -> None:
+    env = make_env()
+    messages = await env.reset()
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert '"name": "search"' in messages[0]["content"] and messages[1]["content"] == "Who?"
+
+
+async def test_tool_turn_then_answer() -> None:
+    env = make_env()
+    await env.reset()
+    result = await env.step(call("search", "abc"))
+    assert not result.done and result.info.format_ok and result.info.tool == "search"
+    assert result.observation == "<tool_response>\necho: abc\n</tool_response>"
+    final = await env.step(render_answer("Ada", "done"))
+    assert final.done and final.info.end is EpisodeEnd.ANSWERED and final.info.answer == "Ada"
+    assert final.observation == ""
+
+
+async def test_malformed_turn_gets_correction_and_no_tool() -> None:
+    env = make_env()
+    await env.reset()
+    result = await env.step("I will search now")
+    assert not result.done and not result.info.format_ok and result.info.tool is None
+    assert result.observation.startswith("<tool_response>") and "<think>" in result.observation
+
+
+async def test_malformed_answer_ends_episode() -> None:
+    env = make_env()
+    await env.reset()
+    result = await env.step("<think>x</think>The answer is <answer>Ada</answer>")
+    assert result.done and result.info.end is EpisodeEnd.MALFORMED_ANSWER and not result.info.format_ok
+
+
+async def test_last_allowed_turn_gets_forced_answer_instruction() -> None:
+    env = make_env(EnvConfig(max_turns=3))
+    await env.reset()
+    first = await env.step(call())
+    assert not first.info.forced_final
+    second = await env.step(call())
+    assert second.info.forced_final and second.observation == FINAL_ANSWER_INSTRUCTION
+    third = await env.step(call())  # ignores the instruction
+    assert third.done and third.info.end is EpisodeEnd.NO_ANSWER and third.info.tool is None
+    with pytest.raises(RuntimeError, match="episode is over"):
+        await env.step(call())
+
+
+async def test_single_turn_episode_asks_for_answer_up_front() -> None:
+    env = make_env(EnvConfig(max_turns=1))
+    messages = await env.reset()
+    assert FINAL_ANSWER_INSTRUCTION in messages[-1]["content"]
+    assert (await env.step(render_answer("Ada", "x"))).info.end is EpisodeEnd.ANSWERED
+
+
+async def test_overflow_forces_final_answer() -> None:
+    env = make_env()
+    await env.reset()
+    await env.step(call())
+    assert env.force_final_answer() == FINAL_ANSWER_INSTRUCTION
+    result = await env.step(call())
+    assert result.done and result.info.end is EpisodeEnd.NO_ANSWER
+
+
+async def test_total_tool_budget() -> None:
+    env = make_env(EnvConfig(tool_budget=2))
+    await env.reset()
+    assert not (await env.step(call())).info.forced_final
+    spent = await env.step(call())
+    assert spent.info.forced_final and spent.observation == FINAL_ANSWER_INSTRUCTION
+    assert (await env.step(render_answer("Ada", "x"))).info.end is EpisodeEnd.ANSWERED
+
+
+async def test_per_tool_budget() -> None:
+    visit = EchoTool("visit")
+    env = make_env(EnvConfig(per_tool_budget={"visit": 1}), [EchoTool("search"), visit])
+    await env.reset()
+    await env.step(call("visit"))
+    refused = await env.step(call("visit"))
+    assert refused.info.tool_error == "budget" and "budget of 1 visit calls" in refused.observation
+    assert visit.calls == 1
+    assert (await env.step(call("search"))).info.tool_ok
+
+
+def test_per_tool_budget_must_name_real_tools() -> None:
+    with pytest.raises(ValueError, match="unknown tools"):
+        make_env(EnvConfig(per_tool_budget={"browse": 1}))
+
+
+async def test_tool_failure_is_an_observation() -> None:
+    flaky = FlakyTool("visit", failures=10, error=ToolError("timeout", "slow", retryable=True))
+    env = make_env(tools=[EchoTool("search"), flaky])
+    await env.reset()
+    result = await env.step(call("visit"))
+    assert not result.done and result.info.tool_ok is False and result.info.tool_error == "timeout"
+    assert "[visit] failed" in result.observation
+
+
+async def test_misuse_raises() -> None:
+    env = make_env()
+    with pytest.raises(RuntimeError, match="reset"):
+        await env.step(call())
+    await env.reset()
+    with pytest.raises(RuntimeError, match="single use"):
+        await env.reset()
+    await env.close()
+    await env.close()
+
+
+TURN_PARTS = st.sampled_from([
+    "<think>", "</think>", "<tool_call>", "</tool_call>", "<answer>", "</answer>", "<tool_response>",
+    '{"name": "search", "arguments": {"text": "q"}}', '{"name": "visit"', '"arguments": 5}', "{",
+    "}", "\n", "Ada", '{"name": "nope", "arguments": {}}', '{"name": "search", "arguments": {"text": 1}}',
+])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.one_of(TURN_PARTS, st.text(max_size=6)), max_size=12).map("".join),
+                min_size=1, max_size=6))
+def test_generated_turns_never_raise(turns: list[str]) -> None:
+    async def episode() -> None:
+        env = make_env(EnvConfig(max_turns=4))
+        await env.reset()
+        for text in turns:
+            result = await env.step(text)
+            assert isinstance(result.observation, str)
+            assert result.info.format_ok == (not result.info.parsed.errors)
+            if result.done:
+                assert result.info.end is not None
+                break
+        await env.close()
+
+    asyncio.run(episode())

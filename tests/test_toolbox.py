@@ -1,0 +1,153 @@
+"""Toolbox: retries with a cap, timeouts, failures as observations, cache on both backends."""
+
+from __future__ import annotations
+
+import pytest
+
+from envs.tools.base import ToolError
+from envs.tools.cache import CacheConfig, MemoryCache, RedisCache, build_cache, cache_key
+from envs.tools.toolbox import Toolbox, ToolboxConfig
+from tests.tools_for_tests import EchoTool, FlakyTool, SlowTool
+
+FAST = dict(backoff_s=0.001, backoff_max_s=0.002)
+
+
+async def test_retryable_error_is_retried_until_success() -> None:
+    tool = FlakyTool("search", failures=2, error=ToolError("http_status", "503", retryable=True))
+    box = Toolbox([tool], ToolboxConfig(max_attempts=3, **FAST))
+    outcome = await box.run("search", {"text": "x"})
+    assert outcome.ok and outcome.text == "echo: x" and outcome.attempts == 3
+    assert box.metrics.retries == 2
+
+
+async def test_retries_are_capped_and_failure_is_readable() -> None:
+    tool = FlakyTool("search", failures=99, error=ToolError("http_status", "HTTP 503", retryable=True))
+    box = Toolbox([tool], ToolboxConfig(max_attempts=3, **FAST))
+    outcome = await box.run("search", {"text": "x"})
+    assert not outcome.ok and outcome.error == "http_status" and tool.calls == 3
+    assert "failed after 3 attempts" in outcome.text and "HTTP 503" in outcome.text
+    assert box.metrics.failures["search:http_status"] == 1
+
+
+async def test_non_retryable_error_is_not_retried() -> None:
+    tool = FlakyTool("visit", failures=99, error=ToolError("blocked", "private address"))
+    box = Toolbox([tool], ToolboxConfig(max_attempts=5, **FAST))
+    outcome = await box.run("visit", {"text": "x"})
+    assert tool.calls == 1 and outcome.error == "blocked"
+
+
+async def test_unexpected_exception_becomes_observation() -> None:
+    tool = FlakyTool("visit", failures=1, error=KeyError("boom"))
+    outcome = await Toolbox([tool], ToolboxConfig(**FAST)).run("visit", {"text": "x"})
+    assert not outcome.ok and outcome.error == "internal" and "KeyError" in outcome.text
+
+
+async def test_timeout_per_attempt() -> None:
+    tool = SlowTool("visit", seconds=5)
+    box = Toolbox([tool], ToolboxConfig(timeout_s=0.05, max_attempts=2, **FAST))
+    outcome = await box.run("visit", {"text": "x"})
+    assert outcome.error == "timeout" and tool.calls == 2 and outcome.seconds < 2
+
+
+async def test_unknown_tool_and_bad_arguments() -> None:
+    box = Toolbox([EchoTool("search")])
+    unknown = await box.run("browse", {})
+    assert unknown.error == "unknown_tool" and "Available tools: search" in unknown.text
+    bad = await box.run("search", {"text": 3})
+    assert bad.error == "bad_arguments" and "'text' must be a string" in bad.text
+
+
+def test_duplicate_tool_names_rejected() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        Toolbox([EchoTool("search"), EchoTool("search")])
+
+
+def test_unknown_cache_backend_is_named() -> None:
+    with pytest.raises(ValueError, match="cache.backend='disk'"):
+        build_cache(CacheConfig(backend="disk"))
+
+
+def test_cache_key_depends_on_normalised_arguments_only() -> None:
+    assert cache_key("search", {"a": 1, "b": [1, 2]}) == cache_key("search", {"b": [1, 2], "a": 1})
+    assert cache_key("search", {"a": 1}) != cache_key("visit", {"a": 1})
+    assert cache_key("search", {"b": [1, 2]}) != cache_key("search", {"b": [2, 1]})
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.integration)])
+async def cache_config(request: pytest.FixtureRequest) -> CacheConfig:
+    if request.param == "memory":
+        return CacheConfig(backend="memory")
+    url = request.getfixturevalue("redis_url")
+    prefix = f"test:{request.node.name}:"
+    return CacheConfig(backend="redis", redis_url=url, key_prefix=prefix)
+
+
+async def test_cached_results_are_reused(cache_config: CacheConfig) -> None:
+    tool = EchoTool("search")
+    box = Toolbox([tool], ToolboxConfig(cache=cache_config))
+    first = await box.run("search", {"text": " x "})
+    second = await box.run("search", {"text": "x"})  # same after normalisation
+    assert first.text == second.text == "echo: x"
+    assert not first.cached and second.cached and tool.calls == 1
+    assert (box.cache.stats.hits, box.cache.stats.misses) == (1, 1)
+    await box.aclose()
+
+
+async def test_failures_are_not_cached(cache_config: CacheConfig) -> None:
+    tool = FlakyTool("search", failures=1, error=ToolError("http_status", "503"))
+    box = Toolbox([tool], ToolboxConfig(cache=cache_config, max_attempts=1))
+    assert not (await box.run("search", {"text": "y"})).ok
+    assert (await box.run("search", {"text": "y"})).ok
+    assert tool.calls == 2
+    await box.aclose()
+
+
+async def test_ttl_expires(cache_config: CacheConfig) -> None:
+    cache_config.ttl_s = 1
+    cache = build_cache(cache_config)
+    await cache.put("k", "v")
+    assert await cache.get("k") == "v"
+    if isinstance(cache, MemoryCache):
+        cache._entries["k"] = (0.0, "v")  # expire without sleeping
+    else:
+        assert isinstance(cache, RedisCache)
+        await cache._client.pexpire(cache_config.key_prefix + "k", 1)
+        import asyncio
+        await asyncio.sleep(0.05)
+    assert await cache.get("k") is None
+    await cache.aclose()
+
+
+def test_memory_cache_is_bounded() -> None:
+    import asyncio
+
+    cache = MemoryCache(CacheConfig(max_entries=2))
+
+    async def fill() -> None:
+        for key in "abc":
+            await cache.put(key, key)
+
+    asyncio.run(fill())
+    assert list(cache._entries) == ["b", "c"]
+
+
+@pytest.mark.integration
+async def test_redis_counts_are_shared_across_processes(redis_url: str) -> None:
+    config = CacheConfig(backend="redis", redis_url=redis_url, key_prefix="test:shared:")
+    one, two = RedisCache(config), RedisCache(config)
+    await one.put("k", "v")
+    assert await two.get("k") == "v"
+    assert await one.get("missing") is None
+    shared = await one.shared_stats()
+    assert (shared.hits, shared.misses) == (1, 1)
+    await one.aclose()
+    await two.aclose()
+
+
+async def test_redis_down_degrades_to_uncached_calls() -> None:
+    config = CacheConfig(backend="redis", redis_url="redis://127.0.0.1:1/0", redis_timeout_s=0.2)
+    tool = EchoTool("search")
+    box = Toolbox([tool], ToolboxConfig(cache=config))
+    outcome = await box.run("search", {"text": "z"})
+    assert outcome.ok and outcome.text == "echo: z" and box.cache.stats.errors >= 1
+    await box.aclose()
