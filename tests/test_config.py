@@ -1,0 +1,54 @@
+"""Configuration: YAML + key=value overrides into dataclasses; unknown keys name their path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cluster.config import ConfigError, dump_config, load_config
+from envs.env import EnvConfig
+from envs.tools.toolbox import ToolboxConfig
+
+
+@dataclass
+class Experiment:
+    name: str = "demo"
+    env: EnvConfig = field(default_factory=EnvConfig)
+    toolbox: ToolboxConfig = field(default_factory=ToolboxConfig)
+
+
+def test_defaults_yaml_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text("name: x\nenv:\n  max_turns: 50\ntoolbox:\n  cache:\n    backend: redis\n")
+    config = load_config(Experiment, path, ["env.max_turns=7", "toolbox.timeout_s=2.5"])
+    assert isinstance(config, Experiment) and isinstance(config.env, EnvConfig)
+    assert (config.name, config.env.max_turns, config.toolbox.timeout_s) == ("x", 7, 2.5)
+    assert config.toolbox.cache.backend == "redis"
+    assert "max_turns: 7" in dump_config(config)
+
+
+def test_unknown_key_in_yaml_names_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text("env:\n  max_turn: 50\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'env\.max_turn'"):
+        load_config(Experiment, path)
+
+
+def test_unknown_override_and_bad_value() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'toolbox\.cache\.ttl'"):
+        load_config(Experiment, None, ["toolbox.cache.ttl=3"])
+    with pytest.raises(ConfigError, match=r"bad value for 'env\.max_turns'"):
+        load_config(Experiment, None, ["env.max_turns=many"])
+    with pytest.raises(ConfigError, match="not key=value"):
+        load_config(Experiment, None, ["env.max_turns"])
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(Experiment, tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("env: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(Experiment, broken)
