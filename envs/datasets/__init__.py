@@ -1,0 +1,41 @@
+"""Task datasets: generic JSONL/parquet files, HotpotQA-style multi-hop files with their corpus, and
+published benchmarks (decrypted in memory only). Start from :func:`load_tasks` with a
+:class:`DatasetConfig`; add a kind with ``@register_dataset("name")``."""
+
+from envs.datasets.benchmarks import (
+    BROWSECOMP_ZH_COUNT,
+    WEBSHAPER_COUNT,
+    WEBWALKERQA_COUNT,
+    XBENCH_DEEPSEARCH_COUNTS,
+    load_browsecomp_zh,
+    load_webshaper,
+    load_webwalkerqa,
+    load_xbench,
+)
+from envs.datasets.generic import DatasetError, load_jsonl, load_parquet, task_from_record
+from envs.datasets.hotpotqa import HotpotQA, read_corpus_jsonl, read_hotpotqa, title_slug, write_corpus_jsonl
+from envs.datasets.registry import DatasetConfig, known_kinds, load_tasks, register_dataset
+
+__all__ = [
+    "BROWSECOMP_ZH_COUNT",
+    "WEBSHAPER_COUNT",
+    "WEBWALKERQA_COUNT",
+    "XBENCH_DEEPSEARCH_COUNTS",
+    "DatasetConfig",
+    "DatasetError",
+    "HotpotQA",
+    "known_kinds",
+    "load_browsecomp_zh",
+    "load_jsonl",
+    "load_parquet",
+    "load_tasks",
+    "load_webshaper",
+    "load_webwalkerqa",
+    "load_xbench",
+    "read_corpus_jsonl",
+    "read_hotpotqa",
+    "register_dataset",
+    "task_from_record",
+    "title_slug",
+    "write_corpus_jsonl",
+]

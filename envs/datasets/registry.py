@@ -1,0 +1,159 @@
+"""One entry point from a dataset config to tasks, through loaders registered by name.
+
+A new kind of dataset is one decorated function anywhere in the code base::
+
+    @register_dataset("synthetic")
+    def load_synthetic(cfg: DatasetConfig) -> list[Task]: ...
+
+The module holding it must be imported before :func:`load_tasks` looks the kind up; a loader can also
+be named by import path, ``kind="package.module:function"`` (same signature), which needs no
+registration at all.
+After loading, :func:`load_tasks` applies the options every kind shares, in this order: ``split``
+(a stable train/eval partition by task id), ``shuffle`` (seeded), then ``limit``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from envs.datasets.benchmarks import load_browsecomp_zh, load_webshaper, load_webwalkerqa, load_xbench
+from envs.datasets.generic import DatasetError, load_jsonl, load_parquet
+from envs.datasets.hotpotqa import read_hotpotqa
+from envs.tasks import Task
+
+SPLITS = ("all", "train", "eval")
+
+Loader = Callable[["DatasetConfig"], list[Task]]
+_LOADERS: dict[str, Loader] = {}
+
+
+@dataclass
+class DatasetConfig:
+    """Where tasks come from and which of them to use.
+
+    kind: a registered loader name (see :func:`known_kinds`) or ``package.module:function``.
+    path: the file to read.
+    split: ``all``, or ``train``/``eval`` for a partition that depends only on each task's id and
+        ``seed`` (so it is the same however the file is ordered, shuffled or limited);
+        ``eval_fraction`` of the tasks go to ``eval``.
+    limit: keep at most this many tasks (after split and shuffle); ``None`` keeps all.
+    shuffle: shuffle with ``seed`` (the same seed gives the same order).
+    field_map: file field name → task field name, for ``jsonl``/``parquet``
+        (e.g. ``{"query": "question", "answer": "answers"}``).
+    url_prefix: where the corpus server serves pages; required by ``hotpotqa``.
+    expected_count: for benchmarks, the number of questions the file must hold; ``None`` means the
+        published count.
+    """
+
+    kind: str
+    path: str
+    split: str = "all"
+    eval_fraction: float = 0.1
+    limit: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    field_map: dict[str, str] = field(default_factory=dict)
+    url_prefix: str = ""
+    expected_count: int | None = None
+
+
+def register_dataset(name: str) -> Callable[[Loader], Loader]:
+    """Register ``loader`` as the dataset kind ``name``; registering a name twice is an error."""
+
+    def decorate(loader: Loader) -> Loader:
+        if name in _LOADERS and _LOADERS[name] is not loader:
+            raise ValueError(f"dataset kind {name!r} is already registered by {_LOADERS[name].__module__}")
+        _LOADERS[name] = loader
+        return loader
+
+    return decorate
+
+
+def known_kinds() -> list[str]:
+    """The registered dataset kinds, sorted."""
+    return sorted(_LOADERS)
+
+
+def resolve_loader(kind: str) -> Loader:
+    """The loader for ``kind``: a registered name or ``package.module:function``."""
+    if kind in _LOADERS:
+        return _LOADERS[kind]
+    if ":" in kind:
+        module_name, _, attribute = kind.partition(":")
+        try:
+            loader = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise DatasetError(
+                f"dataset kind {kind!r}: cannot load {attribute!r} from {module_name!r} ({exc})"
+            ) from None
+        if not callable(loader):
+            raise DatasetError(f"dataset kind {kind!r} does not name a function")
+        return loader
+    raise DatasetError(
+        f"unknown dataset kind {kind!r}; known kinds: {', '.join(known_kinds())}. A loader defined "
+        "elsewhere must be imported first, or named as 'package.module:function'"
+    )
+
+
+def load_tasks(cfg: DatasetConfig) -> list[Task]:
+    """Load the tasks ``cfg`` describes, then apply its split, shuffle and limit."""
+    if cfg.split not in SPLITS:
+        raise DatasetError(f"dataset split {cfg.split!r} is not one of {', '.join(SPLITS)}")
+    if not 0.0 <= cfg.eval_fraction <= 1.0:
+        raise DatasetError(f"dataset eval_fraction {cfg.eval_fraction} must be between 0 and 1")
+    if cfg.limit is not None and cfg.limit < 0:
+        raise DatasetError(f"dataset limit {cfg.limit} must be >= 0 (or null for no limit)")
+    tasks = resolve_loader(cfg.kind)(cfg)
+    if cfg.split != "all":
+        wanted = cfg.split == "eval"
+        tasks = [task for task in tasks if _in_eval(task.id, cfg.seed, cfg.eval_fraction) == wanted]
+    if cfg.shuffle:
+        tasks = list(tasks)
+        random.Random(cfg.seed).shuffle(tasks)
+    if cfg.limit is not None:
+        tasks = tasks[: cfg.limit]
+    return tasks
+
+
+def _in_eval(task_id: str, seed: int, eval_fraction: float) -> bool:
+    digest = hashlib.sha256(f"{seed}:{task_id}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
+
+
+@register_dataset("jsonl")
+def _jsonl(cfg: DatasetConfig) -> list[Task]:
+    return load_jsonl(cfg.path, cfg.field_map)
+
+
+@register_dataset("parquet")
+def _parquet(cfg: DatasetConfig) -> list[Task]:
+    return load_parquet(cfg.path, cfg.field_map)
+
+
+@register_dataset("hotpotqa")
+def _hotpotqa(cfg: DatasetConfig) -> list[Task]:
+    return read_hotpotqa(cfg.path, cfg.url_prefix).tasks
+
+
+@register_dataset("browsecomp_zh")
+def _browsecomp_zh(cfg: DatasetConfig) -> list[Task]:
+    return load_browsecomp_zh(cfg.path, expected_count=cfg.expected_count)
+
+
+@register_dataset("xbench")
+def _xbench(cfg: DatasetConfig) -> list[Task]:
+    return load_xbench(cfg.path, expected_count=cfg.expected_count)
+
+
+@register_dataset("webwalkerqa")
+def _webwalkerqa(cfg: DatasetConfig) -> list[Task]:
+    return load_webwalkerqa(cfg.path, expected_count=cfg.expected_count)
+
+
+@register_dataset("webshaper")
+def _webshaper(cfg: DatasetConfig) -> list[Task]:
+    return load_webshaper(cfg.path, expected_count=cfg.expected_count)
