@@ -1,0 +1,38 @@
+"""The agent's tool set (search + visit) built from one config, inside the process that uses it.
+
+A rollout worker builds one toolbox and shares it across its concurrent episodes: the search index,
+HTTP pools, the browser and the cache are built here, from a small picklable :class:`ToolsConfig`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from envs.search.base import Document
+from envs.search.tool import SearchConfig, SearchTool
+from envs.tools.toolbox import Toolbox, ToolboxConfig
+from envs.visit.tool import VisitConfig, VisitTool
+
+
+@dataclass
+class ToolsConfig:
+    search: SearchConfig = field(default_factory=SearchConfig)
+    visit: VisitConfig = field(default_factory=VisitConfig)
+    toolbox: ToolboxConfig = field(default_factory=ToolboxConfig)
+
+
+def build_toolbox(config: ToolsConfig, documents: Sequence[Document] | None = None,
+                  allow_hosts: Sequence[str] = ()) -> Toolbox:
+    """Search (over ``documents`` when given, else the configured backend) and visit.
+
+    ``allow_hosts`` are added to the visit tool's SSRF allow-list: the address of a local corpus
+    server, which is on loopback and would otherwise be refused.
+    """
+    visit_config = config.visit
+    if allow_hosts:
+        hosts = list(visit_config.guard.allow_hosts) + [h for h in allow_hosts
+                                                          if h not in visit_config.guard.allow_hosts]
+        visit_config = replace(visit_config, guard=replace(visit_config.guard, allow_hosts=hosts))
+    search = SearchTool.from_config(config.search, documents)
+    return Toolbox([search, VisitTool(visit_config)], config.toolbox)
