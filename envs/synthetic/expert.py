@@ -1,0 +1,225 @@
+"""A scripted expert that solves synthetic-world questions through the real search and visit tools.
+
+It is the reference policy for the synthetic world: it proves every question is answerable through
+the tools (the acceptance run in :mod:`envs.synthetic.evaluate`), gives load tests and the
+``scripted`` policy engine a deterministic agent that makes 10–190 tool calls, and writes
+trajectories in the exact turn format of ALGORITHMS.md §1.
+
+The expert uses only the *structure* of a task's plan (``Task.metadata``: the start entity's name and
+the relations to follow, or the hub and the filter). Every fact — the name of the next entity, the
+list of members, each value — is read from the text of tool observations: search for a name, visit
+the result titled with it, read the ``Label: value`` line the schema names. If a search misses it
+retries with other queries; if a fact cannot be read it says so and answers with what it has.
+
+Usage: ``expert = ScriptedExpert(task)``; ``text = expert.next_turn(None)`` for the first turn, then
+``expert.next_turn(observation)`` with each observation until it returns an answer turn.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+from envs.protocol import FINAL_ANSWER_INSTRUCTION, render_answer, render_tool_call
+from envs.synthetic import reading, schema
+from envs.tasks import Task
+from envs.tools.base import JsonValue
+
+Script = Generator[str, str, None]
+"""Yields assistant turns, receives the observation that follows each."""
+
+
+@dataclass(frozen=True)
+class ExpertConfig:
+    """How hard the expert tries before giving up on a page."""
+
+    max_search_attempts: int = 3
+    max_visit_attempts: int = 2
+
+
+class _GiveUp(Exception):
+    """A fact could not be established; answer with what is known."""
+
+
+class ScriptedExpert:
+    """See the module docstring. One instance per episode."""
+
+    def __init__(self, task: Task, config: ExpertConfig | None = None) -> None:
+        self.task = task
+        self.config = config or ExpertConfig()
+        self.tool_calls = 0
+        self.finished = False
+        kind = task.metadata.get("kind")
+        if kind == "chain":
+            self._script = self._chain()
+        elif kind == "aggregate":
+            self._script = self._aggregate()
+        else:
+            raise ValueError(f"task {task.id!r} has no synthetic plan (metadata.kind is {kind!r}); "
+                             "the scripted expert only solves tasks from envs.synthetic.questions")
+        self._started = False
+        self._fallback = "unknown"
+
+    def next_turn(self, observation: str | None) -> str:
+        """The next assistant turn given the last observation (None before the first turn)."""
+        if self.finished:
+            raise RuntimeError("the expert already answered; start a new expert for a new episode")
+        if observation is not None and FINAL_ANSWER_INSTRUCTION in observation:
+            return self._answer(self._fallback, "I have no tool calls left; I answer with what I "
+                                                "have established so far.")
+        try:
+            turn = next(self._script) if not self._started else self._script.send(observation or "")
+        except StopIteration:
+            return self._answer(self._fallback, "I could not establish the answer.")
+        self._started = True
+        if "<answer>" in turn:
+            self.finished = True
+        return turn
+
+    def _answer(self, answer: str, think: str) -> str:
+        self.finished = True
+        return render_answer(answer, think)
+
+    # ---- tool use ----------------------------------------------------------------------------
+
+    def _search(self, query: str, think: str) -> str:
+        self.tool_calls += 1
+        return render_tool_call("search", {"query": [query]}, think)
+
+    def _visit(self, url: str, goal: str, think: str) -> str:
+        self.tool_calls += 1
+        return render_tool_call("visit", {"url": url, "goal": goal}, think)
+
+    def _open(self, name: str, kind: str, want: str, why: str) -> Generator[str, str, str]:
+        """Find ``name``'s page by search and read it; returns its text (raises _GiveUp)."""
+        queries = list(dict.fromkeys([name, f"{name} {kind}", f"{name} {want}"]))
+        url = None
+        for attempt, query in enumerate(queries[: self.config.max_search_attempts]):
+            think = (f"{why} I search for {name} to find its page." if attempt == 0 else
+                     f"No result was titled exactly {name}; I try the query '{query}'.")
+            url = reading.find_page((yield self._search(query, think)), name)
+            if url is not None:
+                break
+        if url is None:
+            raise _GiveUp(f"no search result is titled {name}")
+        goal = f"Find the {want} of {name}"
+        for attempt in range(self.config.max_visit_attempts):
+            think = (f"The result {url} is the page of {name}. I open it to read the {want}."
+                     if attempt == 0 else f"The visit did not return the page text; I try {url} again.")
+            text = reading.page_text((yield self._visit(url, goal, think)))
+            if text is not None:
+                return text
+        raise _GiveUp(f"the page of {name} could not be read")
+
+    # ---- chain questions ---------------------------------------------------------------------
+
+    def _chain(self) -> Script:
+        plan = self.task.metadata
+        path = [_pair(step) for step in _list(plan.get("path"))]
+        attribute = plan.get("attribute")
+        name, kind = str(plan.get("start")), str(plan.get("start_kind"))
+        try:
+            for hop, (source_kind, relation_name) in enumerate(path, start=1):
+                spec = schema.relation(source_kind, relation_name)
+                why = (f"Step {hop} of {len(path)}: I need {spec.phrase.format(x=name)}."
+                       if hop > 1 else f"The question starts from {name}; I need "
+                                       f"{spec.phrase.format(x=name)}.")
+                text = yield from self._open(name, kind, spec.label.lower(), why)
+                target = reading.fact(text, spec.label)
+                if target is None:
+                    raise _GiveUp(f"the page of {name} has no '{spec.label}' line")
+                self._fallback = target
+                name, kind = target, spec.target
+            if attribute is None:
+                yield render_answer(name, f"Following every relation of the question leads to "
+                                          f"{name}, so that is the answer.")
+                return
+            attribute_kind, attribute_name = _pair(attribute)
+            value_spec = schema.attribute(attribute_kind, attribute_name)
+            wanted = value_spec.label.lower()
+            text = yield from self._open(name, kind, wanted,
+                                         f"The chain ends at {name}; I need its {wanted}.")
+            value = reading.fact(text, value_spec.label)
+            if value is None:
+                raise _GiveUp(f"the page of {name} has no '{value_spec.label}' line")
+            yield render_answer(value, f"The page of {name} gives {value_spec.label}: {value}.")
+        except _GiveUp as stuck:
+            yield render_answer(self._fallback, f"I could not finish the chain ({stuck}); I answer "
+                                                "with the last entity I established.")
+
+    # ---- aggregation questions ---------------------------------------------------------------
+
+    def _aggregate(self) -> Script:
+        plan = self.task.metadata
+        hub = str(plan.get("hub"))
+        op = str(plan.get("op"))
+        spec = schema.attribute(*_pair(plan.get("attribute")))
+        label = spec.label
+        try:
+            text = yield from self._open(hub, "organisation", "members",
+                                         f"The question is about every member of {hub}; I need its "
+                                         "member list first.")
+        except _GiveUp as stuck:
+            yield render_answer(self._fallback, f"I could not read the member list ({stuck}).")
+            return
+        names = reading.members(text)
+        stated = reading.stated_member_count(text)
+        note = "" if stated in (None, len(names)) else f" (the page says {stated}, I see {len(names)})"
+        values: dict[str, str] = {}
+        for position, member in enumerate(names, start=1):
+            why = (f"{hub} lists {len(names)} members{note}. I check each one's {label.lower()}; "
+                   f"member {position} of {len(names)} is {member}.")
+            try:
+                page = yield from self._open(member, "person", label.lower(), why)
+            except _GiveUp:
+                continue
+            value = reading.fact(page, label)
+            if value is not None:
+                values[member] = value
+        answer, think = _aggregate_answer(op, spec, plan.get("value"), values, len(names))
+        yield render_answer(answer, think)
+
+
+def _aggregate_answer(op: str, spec: schema.AttributeSpec, filter_value: JsonValue,
+                      values: dict[str, str], listed: int) -> tuple[str, str]:
+    """The answer from the values read, and a think text saying how it was computed."""
+    read = f"I read the {spec.label.lower()} of {len(values)} of the {listed} members."
+    if op in ("count_before", "count_taller"):
+        cut = int(filter_value) if isinstance(filter_value, int | float | str) else 0
+        numbers = [reading.number(value) for value in values.values()]
+        if op == "count_before":
+            count = sum(1 for n in numbers if n is not None and n < cut)
+            return str(count), f"{read} {count} of them were born before {cut}."
+        count = sum(1 for n in numbers if n is not None and n > cut)
+        return str(count), f"{read} {count} of them are taller than {cut} cm."
+    if op == "count_equal":
+        count = sum(1 for value in values.values() if reading.same_name(value, str(filter_value)))
+        return str(count), f"{read} {count} of them have {filter_value}."
+    if op == "mode":
+        ranked = Counter(values.values()).most_common()
+        if not ranked:
+            return "unknown", f"{read} I found no values to compare."
+        tally = ", ".join(f"{value}: {count}" for value, count in ranked[:3])
+        return ranked[0][0], f"{read} The most common are {tally}."
+    if op == "earliest":
+        dated = [(reading.number(value), name) for name, value in values.items()]
+        known = [(year, name) for year, name in dated if year is not None]
+        if not known:
+            return "unknown", f"{read} I found no birth years."
+        year, name = min(known)
+        return name, f"{read} The earliest birth year is {year}, that of {name}."
+    raise ValueError(f"unknown aggregation {op!r} in the task plan")
+
+
+def _list(value: JsonValue) -> Sequence[JsonValue]:
+    if not isinstance(value, list):
+        raise ValueError(f"the task plan holds {value!r} where a list was expected")
+    return value
+
+
+def _pair(value: JsonValue) -> tuple[str, str]:
+    items = _list(value)
+    if len(items) != 2:
+        raise ValueError(f"the task plan holds {value!r} where a [kind, name] pair was expected")
+    return str(items[0]), str(items[1])

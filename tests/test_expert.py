@@ -1,0 +1,204 @@
+"""The scripted expert: its turns follow the protocol, it solves questions through the env and tools.
+
+Unit tests run it against the real search tool and an in-memory visit tool (same page text as the
+real one, no network). Integration tests use the real path: corpus server, visit tool over HTTP with
+Chromium for JavaScript-only pages. The slow test is the 200-question acceptance run.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Mapping
+
+import pytest
+
+from envs.env import EnvConfig
+from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, parse_turn
+from envs.search.base import Document
+from envs.search.tool import SearchConfig, SearchTool
+from envs.synthetic.evaluate import answer_matches, evaluate_expert, run_expert_episode
+from envs.synthetic.expert import ScriptedExpert
+from envs.synthetic.questions import QuestionConfig, generate_tasks
+from envs.synthetic.render import world_documents
+from envs.synthetic.world import World, WorldConfig, generate_world
+from envs.tasks import Task
+from envs.tools.base import JsonObject, ToolError
+from envs.tools.toolbox import Toolbox
+from envs.visit.extract import extract_text
+
+BASE = "http://corpus.test"
+
+
+class PageVisit:
+    """A visit tool reading documents from memory: the text the real tool would extract."""
+
+    name = "visit"
+    description = "Visit a page."
+    parameters: JsonObject = {"type": "object"}
+
+    def __init__(self, documents: list[Document]) -> None:
+        self._by_url = {doc.url: doc for doc in documents}
+
+    def normalize(self, arguments: Mapping[str, object]) -> JsonObject:
+        return {"url": str(arguments.get("url")), "goal": str(arguments.get("goal"))}
+
+    async def call(self, arguments: JsonObject) -> str:
+        doc = self._by_url.get(str(arguments["url"]))
+        if doc is None:
+            raise ToolError("http_status", "404 Not Found")
+        page = doc.html or ""
+        payload = re.search(r'atob\("([^"]+)"\)', page)
+        if payload:  # what the browser would have built
+            page = f"<html><body>{json.loads(base64.b64decode(payload.group(1)))['body']}</body></html>"
+        return f"Content of {doc.url} (goal: {arguments['goal']}):\n{extract_text(page)}"
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return generate_world(WorldConfig(seed=3))
+
+
+@pytest.fixture(scope="module")
+def tasks(world: World) -> list[Task]:
+    return generate_tasks(world, QuestionConfig(count=60), BASE)
+
+
+def _memory_toolbox(world: World) -> Toolbox:
+    docs = world_documents(world, BASE)
+    return Toolbox([SearchTool.from_config(SearchConfig(), docs), PageVisit(docs)])
+
+
+async def test_solves_chain_and_aggregation_questions_in_memory(world: World, tasks: list[Task]) -> None:
+    toolbox = _memory_toolbox(world)
+    chains = [t for t in tasks if t.metadata["kind"] == "chain"][:25]
+    aggregate = next(t for t in tasks if t.metadata["kind"] == "aggregate")
+    results = [await run_expert_episode(task, toolbox, EnvConfig()) for task in [*chains, aggregate]]
+    wrong = [(r.question, r.answer, r.gold) for r in results if not r.correct]
+    assert not wrong, wrong
+    assert results[-1].tool_calls >= 2 * int(aggregate.metadata["members"])  # type: ignore[arg-type]
+
+
+def test_every_turn_is_well_formed(world: World, tasks: list[Task]) -> None:
+    expert = ScriptedExpert(tasks[0])
+    first = parse_turn(expert.next_turn(None))
+    assert first.kind is TurnKind.TOOL_CALL and first.format_ok and first.tool == "search"
+    if tasks[0].metadata["kind"] == "chain":
+        assert first.arguments == {"query": [tasks[0].metadata["start"]]}
+
+
+def test_a_missed_search_is_retried_with_another_query(tasks: list[Task]) -> None:
+    task = next(t for t in tasks if t.metadata["kind"] == "chain")
+    expert = ScriptedExpert(task)
+    expert.next_turn(None)
+    retry = parse_turn(expert.next_turn("<tool_response>\nNo results found for 'x'.\n</tool_response>"))
+    assert retry.tool == "search" and retry.arguments["query"] != [task.metadata["start"]]
+
+
+def test_forced_final_instruction_gets_an_answer(tasks: list[Task]) -> None:
+    expert = ScriptedExpert(tasks[0])
+    expert.next_turn(None)
+    final = parse_turn(expert.next_turn(FINAL_ANSWER_INSTRUCTION))
+    assert final.kind is TurnKind.ANSWER and final.format_ok
+    with pytest.raises(RuntimeError, match="already answered"):
+        expert.next_turn("more")
+
+
+def test_refuses_tasks_without_a_plan() -> None:
+    with pytest.raises(ValueError, match="no synthetic plan"):
+        ScriptedExpert(Task("t", "Who?", ("x",)))
+
+
+def test_answer_matching_normalises() -> None:
+    assert answer_matches("12400", ("12,400",))
+    assert answer_matches("the  Teal", ("Teal",))
+    assert not answer_matches(None, ("x",)) and not answer_matches("13", ("12",))
+
+
+# ---- the real path -----------------------------------------------------------------------------
+
+@pytest.mark.integration
+async def test_expert_through_server_env_and_real_tools() -> None:
+    """A handful of questions end to end, with one 50+ call aggregation and a JavaScript-only page."""
+    from urllib.parse import urlsplit
+
+    from envs.corpus_server import CorpusServer
+    from envs.toolset import ToolsConfig, build_toolbox
+
+    world = generate_world(WorldConfig(seed=0))
+    with CorpusServer(world_documents(world)) as server:
+        tasks = generate_tasks(world, QuestionConfig(count=60), server.base_url)
+        chains = [t for t in tasks if t.metadata["kind"] == "chain"]
+        js_chain = next(t for t in chains if int(t.metadata["js_pages"]) > 0)  # type: ignore[arg-type]
+        long_chain = next(t for t in chains if t.metadata["hops"] == 8)
+        aggregate = min((t for t in tasks if t.metadata["kind"] == "aggregate"),
+                        key=lambda t: int(t.metadata["members"]))  # type: ignore[arg-type]
+        chosen = [js_chain, long_chain, chains[0], aggregate]
+        toolbox = build_toolbox(ToolsConfig(), server.documents(),
+                                allow_hosts=[urlsplit(server.base_url).netloc])
+        try:
+            results = [await run_expert_episode(task, toolbox, EnvConfig()) for task in chosen]
+        finally:
+            await toolbox.aclose()
+    assert all(r.correct for r in results), [(r.question, r.answer, r.gold) for r in results]
+    assert results[-1].tool_calls >= 50
+    assert toolbox.metrics.failures == {} or sum(toolbox.metrics.failures.values()) == 0
+
+
+@pytest.mark.integration
+async def test_js_only_page_needs_the_browser() -> None:
+    """Static extraction of a JavaScript-only page is empty; the visit tool (Chromium) reads it all."""
+    from urllib.parse import urlsplit
+
+    from envs.corpus_server import CorpusServer
+    from envs.synthetic.render import article, line_text
+    from envs.visit.guard import GuardConfig
+    from envs.visit.tool import VisitConfig, VisitTool
+
+    world = generate_world(WorldConfig(seed=0))
+    entity = next(e for e in world.hubs() if e.js_only) if any(h.js_only for h in world.hubs()) \
+        else next(e for e in world.entities if e.js_only)
+    with CorpusServer(world_documents(world)) as server:
+        url = server.url_for(entity.slug)
+        tool = VisitTool(VisitConfig(guard=GuardConfig(allow_hosts=[urlsplit(url).netloc])))
+        try:
+            static = VisitTool(VisitConfig(render="never",
+                                           guard=GuardConfig(allow_hosts=[urlsplit(url).netloc])))
+            assert "no readable text" in await static.call({"url": [url], "goal": "facts"})
+            await static.aclose()
+            text = await tool.call({"url": [url], "goal": "facts"})
+        finally:
+            await tool.aclose()
+    for section in article(world, entity).sections:
+        for item in section.items:
+            assert line_text(item) in text
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+async def test_acceptance_200_questions() -> None:
+    """>= 95% of 200 questions right through the real HTTP path, >= 20 of them with 100+ tool calls."""
+    report = await evaluate_expert(200, seed=0, concurrency=8)
+    print(report.summary())
+    assert report.accuracy >= 0.95, report.summary()
+    assert report.long_runs >= 20, report.summary()
+
+
+@pytest.mark.integration
+def test_expert_command_prints_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from cluster.commands import expert as command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(["--questions", "3", "--seed", "2", "--concurrency", "3",
+                              "--min-accuracy", "0.6"])
+    assert command.NAME == "expert"
+    assert command.run(args) == 0
+    out = capsys.readouterr().out
+    assert "questions: 3" in out and "accuracy:" in out and ">= 100 tool calls" in out
