@@ -19,13 +19,11 @@ or from the command line: ``turnstile serve-corpus --world synthetic --seed 0``.
 from __future__ import annotations
 
 import html
-import json
 import socket
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote, unquote, urlsplit
 
@@ -208,32 +206,3 @@ class CorpusServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
-
-
-def read_corpus_file(path: str | Path) -> list[Document]:
-    """Documents of a JSONL corpus: ``{"id", "title", "text"[, "html"]}`` per line (``url`` is set
-    by the server). Raises ValueError naming the file and line of a bad record."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"corpus file {path} does not exist: pass a JSONL file with id/title/text")
-    documents = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object")
-            doc_id, title, text = record.get("id"), record.get("title"), record.get("text")
-            page = record.get("html")
-            if isinstance(doc_id, bool) or not isinstance(doc_id, str | int) or str(doc_id) == "":
-                raise ValueError(f'{path}:{number}: "id" must be a non-empty string or an integer')
-            if not isinstance(title, str) or not isinstance(text, str):
-                raise ValueError(f'{path}:{number}: "title" and "text" must be strings')
-            if page is not None and not isinstance(page, str):
-                raise ValueError(f'{path}:{number}: "html" must be a string when present')
-            documents.append(Document(doc_id=str(doc_id), title=title, text=text, url="", html=page))
-    return documents

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from cluster.commands import serve_corpus
-from envs.corpus_server import CorpusServer, CorpusServerConfig, page_path, read_corpus_file
+from envs.corpus_server import CorpusServer, CorpusServerConfig, page_path
 from envs.search.base import Document
 
 pytestmark = pytest.mark.integration
@@ -118,19 +118,6 @@ def test_keep_alive_requests_are_fast(server: CorpusServer) -> None:
         for _ in range(50):
             assert client.get(server.url_for("alpha")).status_code == 200
         assert time.monotonic() - started < 2.0, "keep-alive responses must not stall (Nagle)"
-
-
-def test_reads_jsonl_corpus(tmp_path: Path) -> None:
-    path = tmp_path / "corpus.jsonl"
-    path.write_text(json.dumps({"id": 7, "title": "T", "text": "x"}) + "\n\n"
-                    + json.dumps({"id": "h", "title": "H", "text": "y", "html": "<p>y</p>"}) + "\n")
-    docs = read_corpus_file(path)
-    assert [(d.doc_id, d.html) for d in docs] == [("7", None), ("h", "<p>y</p>")]
-    path.write_text('{"id": "a", "title": 3, "text": "x"}\n')
-    with pytest.raises(ValueError, match=r"corpus.jsonl:1: .*title"):
-        read_corpus_file(path)
-    with pytest.raises(ValueError, match="does not exist"):
-        read_corpus_file(tmp_path / "missing.jsonl")
 
 
 def test_serve_corpus_command_serves_a_jsonl_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.datasets import DatasetError, read_corpus_jsonl, read_hotpotqa, title_slug, write_corpus_jsonl
+from envs.corpus import read_corpus, write_corpus
+from envs.datasets import DatasetError, read_hotpotqa, title_slug
 
 PREFIX = "http://127.0.0.1:8765/wiki/"
 
@@ -100,6 +101,6 @@ def test_shared_hotpotqa_file(shared_data: Path, tmp_path: Path) -> None:
     assert all(u in urls for t in hotpot.tasks for c in t.clues or () for u in c.evidence_urls)
 
     out = tmp_path / "corpus.jsonl"
-    assert write_corpus_jsonl(hotpot.corpus, out) == len(hotpot.corpus)
-    assert read_corpus_jsonl(out) == hotpot.corpus
+    assert write_corpus(hotpot.corpus, out) == len(hotpot.corpus)
+    assert read_corpus(out) == hotpot.corpus
     assert set(json.loads(out.open(encoding="utf-8").readline())) == {"id", "title", "text", "url"}

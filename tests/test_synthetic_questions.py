@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -113,9 +115,15 @@ def test_bad_config_errors_name_the_setting(world: World) -> None:
         generate_tasks(world, QuestionConfig(aggregation_min_members=500, aggregation_max_members=600))
 
 
-def test_registered_as_dataset_kind() -> None:
-    from envs.datasets.registry import DatasetConfig, load_tasks
-    import envs.synthetic.dataset  # noqa: F401 - registers the kind
-
-    loaded = load_tasks(DatasetConfig(kind="synthetic", path="", limit=12, seed=0, url_prefix=BASE))
-    assert len(loaded) == 12 and all(t.id.startswith("synthetic-s0-") for t in loaded)
+def test_found_as_dataset_kind_through_its_entry_point() -> None:
+    # A fresh interpreter: nothing has imported envs.synthetic, so only the entry point can find it.
+    code = (
+        "from envs.datasets.registry import DatasetConfig, load_tasks\n"
+        f"tasks = load_tasks(DatasetConfig(kind='synthetic', path='', limit=12, seed=0, "
+        f"url_prefix='{BASE}/wiki/'))\n"
+        "print(len(tasks), all(t.id.startswith('synthetic-s0-') for t in tasks),"
+        f" all(u.startswith('{BASE}/wiki/') for t in tasks for c in t.clues for u in c.evidence_urls))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["12", "True", "True"]

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import threading
 
-from envs.corpus_server import CorpusServer, CorpusServerConfig, read_corpus_file
+from envs.corpus import read_corpus
+from envs.corpus_server import CorpusServer, CorpusServerConfig
 from envs.search.base import Document
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import WorldConfig, generate_world
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def documents_for(args: argparse.Namespace) -> list[Document]:
     if args.corpus:
-        return read_corpus_file(args.corpus)
+        return read_corpus(args.corpus)
     return world_documents(generate_world(WorldConfig(seed=args.seed, entities=args.entities)))
 
 

@@ -13,7 +13,7 @@ from envs.datasets.benchmarks import (
     load_xbench,
 )
 from envs.datasets.generic import DatasetError, load_jsonl, load_parquet, task_from_record
-from envs.datasets.hotpotqa import HotpotQA, read_corpus_jsonl, read_hotpotqa, title_slug, write_corpus_jsonl
+from envs.datasets.hotpotqa import HotpotQA, read_hotpotqa, title_slug
 from envs.datasets.registry import DatasetConfig, known_kinds, load_tasks, register_dataset
 
 __all__ = [
@@ -32,10 +32,8 @@ __all__ = [
     "load_webshaper",
     "load_webwalkerqa",
     "load_xbench",
-    "read_corpus_jsonl",
     "read_hotpotqa",
     "register_dataset",
     "task_from_record",
     "title_slug",
-    "write_corpus_jsonl",
 ]

@@ -101,43 +101,6 @@ def read_hotpotqa(path: str | Path, url_prefix: str) -> HotpotQA:
     return HotpotQA(tasks=tasks, corpus=list(corpus.values()))
 
 
-def write_corpus_jsonl(documents: list[Document], path: str | Path) -> int:
-    """Write documents as JSONL lines ``{"id", "title", "text", "url"}`` (the search index's and the
-    corpus server's input) and return how many were written. Duplicate ids are an error: the server
-    could serve only one of them."""
-    seen: set[str] = set()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as out:
-        for doc in documents:
-            if doc.doc_id in seen:
-                raise DatasetError(f"{path}: duplicate document id {doc.doc_id!r}; ids must be unique")
-            seen.add(doc.doc_id)
-            row = {"id": doc.doc_id, "title": doc.title, "text": doc.text, "url": doc.url}
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return len(seen)
-
-
-def read_corpus_jsonl(path: str | Path) -> list[Document]:
-    """Read documents written by :func:`write_corpus_jsonl`."""
-    path = Path(path)
-    documents: list[Document] = []
-    with path.open(encoding="utf-8") as lines:
-        for line_no, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                documents.append(Document(doc_id=row["id"], title=row["title"], text=row["text"],
-                                          url=row["url"]))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise DatasetError(
-                    f"{where(path, line_no)}: not a corpus line ({exc!r}); expected "
-                    '{"id", "title", "text", "url"}'
-                ) from None
-    return documents
-
-
 def _task(record: object, at: str, *, default_id: str, url_prefix: str) -> tuple[Task, list[tuple[str, str]]]:
     if not isinstance(record, dict):
         raise DatasetError(f"{at}: expected a JSON object")

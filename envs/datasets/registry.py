@@ -5,9 +5,10 @@ A new kind of dataset is one decorated function anywhere in the code base::
     @register_dataset("synthetic")
     def load_synthetic(cfg: DatasetConfig) -> list[Task]: ...
 
-The module holding it must be imported before :func:`load_tasks` looks the kind up; a loader can also
-be named by import path, ``kind="package.module:function"`` (same signature), which needs no
-registration at all.
+A package makes its kinds known without being imported first through the entry-point group
+``turnstile.datasets`` in its ``pyproject.toml`` (that is how ``synthetic`` is found: the registry
+never lists its plugins). A loader can also be named by import path, ``kind="package.module:function"``
+(same signature), which needs no registration at all.
 After loading, :func:`load_tasks` applies the options every kind shares, in this order: ``split``
 (a stable train/eval partition by task id), ``shuffle`` (seeded), then ``limit``.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+from importlib.metadata import entry_points
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,13 +75,25 @@ def register_dataset(name: str) -> Callable[[Loader], Loader]:
     return decorate
 
 
+ENTRY_POINT_GROUP = "turnstile.datasets"
+
+
+def _load_entry_points() -> None:
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name not in _LOADERS:
+            register_dataset(entry.name)(entry.load())
+
+
 def known_kinds() -> list[str]:
-    """The registered dataset kinds, sorted."""
+    """The dataset kinds: registered here, by import, or through entry points; sorted."""
+    _load_entry_points()
     return sorted(_LOADERS)
 
 
 def resolve_loader(kind: str) -> Loader:
     """The loader for ``kind``: a registered name or ``package.module:function``."""
+    if kind not in _LOADERS and ":" not in kind:
+        _load_entry_points()
     if kind in _LOADERS:
         return _LOADERS[kind]
     if ":" in kind:

@@ -20,7 +20,6 @@ Build an index with ``LocalIndex.from_jsonl("corpus.jsonl")`` or ``LocalIndex.fr
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ import Stemmer
 import tantivy
 from bm25s.stopwords import STOPWORDS_EN
 
+from envs.corpus import read_corpus
 from envs.search.base import Document, SearchHit
 from envs.tools.base import ToolError
 
@@ -196,7 +196,7 @@ class LocalIndex:
     @classmethod
     def from_jsonl(cls, path: str | Path, engine: str = DEFAULT_ENGINE,
                    url_prefix: str | None = None) -> LocalIndex:
-        return cls(read_corpus(path, url_prefix=url_prefix), engine=engine)
+        return cls(read_corpus(path, url_prefix=url_prefix, require_url=True), engine=engine)
 
     def __len__(self) -> int:
         return len(self._documents)
@@ -255,47 +255,3 @@ def _cut(text: str, max_chars: int) -> str:
         return text
     cut = text[:max_chars].rsplit(" ", 1)[0] if " " in text[:max_chars] else text[:max_chars]
     return cut.rstrip(" ,;:") + "…"
-
-
-def read_corpus(path: str | Path, url_prefix: str | None = None) -> list[Document]:
-    """Documents of a JSONL corpus: one ``{"id", "title", "text", "url"}`` object per line.
-
-    ``url`` may be left out when ``url_prefix`` is given (the url is then ``url_prefix + id``).
-    Blank lines are skipped; any other bad line raises ValueError naming the file and line.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"search corpus {path} does not exist: set search.local.corpus to a JSONL file")
-    documents = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                documents.append(_document(line, url_prefix))
-            except ValueError as exc:
-                raise ValueError(f"{path}:{number}: {exc}") from None
-    return documents
-
-
-def _document(line: str, url_prefix: str | None) -> Document:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg}); each line must be one JSON object") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
-    doc_id = record.get("id")
-    if isinstance(doc_id, bool) or not isinstance(doc_id, str | int) or str(doc_id) == "":
-        raise ValueError('"id" must be a non-empty string or an integer')
-    for key in ("title", "text"):
-        if not isinstance(record.get(key), str):
-            raise ValueError(f'"{key}" must be a string')
-    url = record.get("url")
-    if url is None:
-        if url_prefix is None:
-            raise ValueError('"url" is missing: add it to every line or set a url_prefix')
-        url = f"{url_prefix}{doc_id}"
-    elif not isinstance(url, str):
-        raise ValueError('"url" must be a string')
-    return Document(doc_id=str(doc_id), title=record["title"], text=record["text"], url=url)

@@ -1,0 +1,78 @@
+"""The offline corpus file: one JSONL format read and written in one place.
+
+Each line is ``{"id", "title", "text"[, "url"][, "html"]}``. The local search index, the corpus
+server and the dataset converters (HotpotQA paragraphs) all use it. ``url`` may be left out: the
+corpus server assigns its own, and ``url_prefix`` gives ``url_prefix + id``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from envs.search.base import Document
+
+
+def read_corpus(path: str | Path, url_prefix: str | None = None,
+                require_url: bool = False) -> list[Document]:
+    """Documents of a JSONL corpus. Blank lines are skipped; a bad line raises ValueError naming the
+    file, the line and the field. Without ``url`` and ``url_prefix`` a document's url is "" (an
+    error with ``require_url``: a search index must say where each hit can be visited)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"corpus file {path} does not exist: pass a JSONL file of "
+                         '{"id", "title", "text"} lines')
+    documents = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                documents.append(_document(line, url_prefix, require_url))
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from None
+    return documents
+
+
+def write_corpus(documents: Iterable[Document], path: str | Path) -> int:
+    """Write documents as JSONL and return how many; duplicate ids are an error (a server could
+    serve only one of them)."""
+    seen: set[str] = set()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for doc in documents:
+            if doc.doc_id in seen:
+                raise ValueError(f"{path}: duplicate document id {doc.doc_id!r}; ids must be unique")
+            seen.add(doc.doc_id)
+            row = {"id": doc.doc_id, "title": doc.title, "text": doc.text, "url": doc.url}
+            if doc.html is not None:
+                row["html"] = doc.html
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return len(seen)
+
+
+def _document(line: str, url_prefix: str | None, require_url: bool) -> Document:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg}); each line must be one JSON object") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    doc_id = record.get("id")
+    if isinstance(doc_id, bool) or not isinstance(doc_id, str | int) or str(doc_id) == "":
+        raise ValueError('"id" must be a non-empty string or an integer')
+    for key in ("title", "text"):
+        if not isinstance(record.get(key), str):
+            raise ValueError(f'"{key}" must be a string')
+    url, page = record.get("url"), record.get("html")
+    if url is None and url_prefix is None and require_url:
+        raise ValueError('"url" is missing: add it to every line or set a url_prefix')
+    if url is None:
+        url = f"{url_prefix}{doc_id}" if url_prefix is not None else ""
+    elif not isinstance(url, str):
+        raise ValueError('"url" must be a string')
+    if page is not None and not isinstance(page, str):
+        raise ValueError('"html" must be a string when present')
+    return Document(doc_id=str(doc_id), title=record["title"], text=record["text"], url=url, html=page)
