@@ -1,0 +1,1 @@
+"""Policy engines: vLLM, transformers and scripted, behind one contract (``base.PolicyEngine``)."""

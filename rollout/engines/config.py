@@ -1,0 +1,57 @@
+"""Engine configuration: one typed config, with a section per engine kind.
+
+Kept apart from the engines so reading a config never imports vLLM or torch models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class HFEngineConfig:
+    device: str = "cpu"
+    attn_implementation: str = "sdpa"
+    max_batch: int = 8  # sequences per forward when scoring
+
+
+@dataclass
+class VllmEngineConfig:
+    # On CPU this is the share of RAM reserved for the KV cache (0.92 fails on these machines).
+    gpu_memory_utilization: float = 0.05
+    enforce_eager: bool = True
+    max_num_seqs: int = 64
+    enable_prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    # How new weights reach the engine: "inplace" (same process: CPU, or a colocated learner),
+    # "nccl" (vLLM's weight-transfer engine from the learner's GPUs), "checkpoint" (a shared dir).
+    weight_sync: str = "inplace"
+    checkpoint_dir: str = ""
+
+
+@dataclass
+class ScriptedEngineConfig:
+    mode: str = "expert"  # "expert": the synthetic world's scripted expert; "replay": recorded turns
+    replay_path: str = ""  # trajectories JSONL for mode=replay
+    report: bool = False  # write a <report> block (iter_research protocol)
+    world_seed: int = 0
+    world_entities: int = 3000
+
+
+@dataclass
+class EngineConfig:
+    """Which engine, on which model, and each engine's own options.
+
+    ``kind`` is a registered engine name (entry-point group ``turnstile.engines``: vllm, hf,
+    scripted) or ``package.module:Class``. ``model`` is a Hugging Face model directory or hub name;
+    empty means the default tiny model, built locally on first use (``turnstile build-model``).
+    """
+
+    kind: str = "vllm"
+    model: str = ""
+    dtype: str = "float32"
+    seed: int = 0
+    max_model_len: int = 65536
+    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
+    vllm: VllmEngineConfig = field(default_factory=VllmEngineConfig)
+    scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)

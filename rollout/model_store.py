@@ -1,0 +1,173 @@
+"""The default policy model: a tiny Qwen3 with random weights and a tokenizer trained here.
+
+Model weights cannot be downloaded on the machines this project runs its demo and tests on, so the
+embedded default is built locally, in seconds, into a cache directory: a byte-level BPE tokenizer
+trained on the synthetic world's pages and on turns of the agent protocol (so the protocol tags are
+single tokens), a ChatML chat template, and a Qwen3 architecture small enough for a 2-core CPU.
+Any Hugging Face model directory (or hub name on a real cluster) works in its place:
+``engine.model=/path/to/Qwen3-8B``.
+
+Build it explicitly with ``turnstile build-model``; :func:`ensure_default_model` builds it on first
+use, under a file lock so concurrent workers don't race.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PROTOCOL_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
+                   "</tool_response>", "<answer>", "</answer>", "<report>", "</report>")
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+BUILD_INFO = "turnstile-model.json"
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Sizes of the default model. Changing any field changes the cache directory name."""
+
+    name: str = "tiny-qwen3"
+    version: int = 1
+    vocab_size: int = 8192
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    max_position_embeddings: int = 131072
+    rope_theta: float = 1_000_000.0
+    seed: int = 0
+    tokenizer_world_seed: int = 0
+    tokenizer_world_entities: int = 3000
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.name}-v{self.version}-h{self.hidden_size}-l{self.num_hidden_layers}-s{self.seed}"
+
+
+def cache_root() -> Path:
+    """Where built models live: $TURNSTILE_CACHE, else ~/.cache/turnstile."""
+    return Path(os.environ.get("TURNSTILE_CACHE", Path.home() / ".cache" / "turnstile"))
+
+
+def default_model_path(spec: TinyModelSpec | None = None) -> Path:
+    return cache_root() / "models" / (spec or TinyModelSpec()).dirname
+
+
+def ensure_default_model(spec: TinyModelSpec | None = None) -> Path:
+    """The default model's directory, built first if it is missing (safe across processes)."""
+    spec = spec or TinyModelSpec()
+    target = default_model_path(spec)
+    if (target / BUILD_INFO).is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{spec.dirname}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / BUILD_INFO).is_file():
+            build_tiny_model(target, spec)
+    return target
+
+
+def resolve_model(model: str) -> str:
+    """A config's ``model`` value as a path or hub name: "" means the default tiny model."""
+    return model or str(ensure_default_model())
+
+
+def build_tiny_model(target: Path, spec: TinyModelSpec | None = None, force: bool = False) -> Path:
+    """Train the tokenizer, initialise the model, and save both to ``target`` (atomically)."""
+    spec = spec or TinyModelSpec()
+    if target.exists():
+        if not force:
+            raise FileExistsError(f"{target} exists; pass force=True (--force) to rebuild it")
+        shutil.rmtree(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer = train_tokenizer(spec)
+        tokenizer.save_pretrained(staging)
+        model = _init_model(spec, tokenizer)
+        model.save_pretrained(staging, safe_serialization=True)
+        (staging / BUILD_INFO).write_text(json.dumps(asdict(spec), indent=2) + "\n")
+        staging.chmod(0o755)
+        staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def train_tokenizer(spec: TinyModelSpec):  # noqa: ANN201 - transformers' PreTrainedTokenizerFast
+    """Byte-level BPE over the synthetic world's text and protocol turns, with a ChatML template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size - len(PROTOCOL_TOKENS), min_frequency=2, show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    core.train_from_iterator(_training_text(spec), trainer=trainer)
+    # Protocol tags are single tokens, decoded as written (not special: they are part of the text).
+    core.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in PROTOCOL_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        unk_token=None, bos_token=None, model_max_length=spec.max_position_embeddings,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _training_text(spec: TinyModelSpec) -> Iterator[str]:
+    from envs.protocol import render_answer, render_tool_call, render_tool_response, system_prompt
+    from envs.synthetic.render import world_documents
+    from envs.synthetic.world import WorldConfig, generate_world
+
+    world = generate_world(WorldConfig(seed=spec.tokenizer_world_seed,
+                                       entities=spec.tokenizer_world_entities))
+    schemas = [{"type": "function", "function": {"name": name, "description": f"the {name} tool"}}
+               for name in ("search", "visit")]
+    yield system_prompt(schemas)
+    for doc in world_documents(world, base_url="http://127.0.0.1:8765"):
+        yield doc.text
+        yield render_tool_call("search", {"query": [doc.title]}, f"I need to find {doc.title}.")
+        yield render_tool_call("visit", {"url": doc.url, "goal": f"facts about {doc.title}"},
+                               f"The page of {doc.title} should say.")
+        yield render_tool_response(f"Content of {doc.url}:\n{doc.text[:400]}")
+        yield render_answer(doc.title, "I have enough information to answer.", report=doc.title)
+
+
+def _init_model(spec: TinyModelSpec, tokenizer):  # noqa: ANN001, ANN202 - transformers types
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = Qwen3Config(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim, max_position_embeddings=spec.max_position_embeddings,
+        rope_theta=spec.rope_theta, tie_word_embeddings=True, eos_token_id=end_of_turn,
+        pad_token_id=pad, bos_token_id=None, torch_dtype="float32",
+    )
+    if len(tokenizer) > spec.vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but vocab_size is {spec.vocab_size}")
+    torch.manual_seed(spec.seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(eos_token_id=[end_of_turn, pad], pad_token_id=pad)
+    return model
