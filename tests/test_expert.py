@@ -18,7 +18,8 @@ from envs.env import EnvConfig
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, parse_turn
 from envs.search.base import Document
 from envs.search.tool import SearchConfig, SearchTool
-from envs.synthetic.evaluate import answer_matches, evaluate_expert, run_expert_episode
+from envs.answers import answer_matches
+from envs.synthetic.evaluate import evaluate_expert, run_expert_episode
 from envs.synthetic.expert import ScriptedExpert
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents

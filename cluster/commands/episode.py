@@ -25,7 +25,7 @@ import httpx
 from cluster.config import ConfigError, load_config
 from envs.corpus_server import CorpusServer, page_path
 from envs.env import EnvConfig, SearchBrowseEnv
-from envs.synthetic.evaluate import answer_matches
+from envs.answers import answer_matches
 from envs.synthetic.expert import ScriptedExpert
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents

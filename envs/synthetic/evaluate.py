@@ -13,13 +13,12 @@ Run it with ``turnstile expert --questions 200 --seed 0 --concurrency 8``.
 from __future__ import annotations
 
 import asyncio
-import re
-import string
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
+from envs.answers import answer_matches
 from envs.corpus_server import CorpusServer, CorpusServerConfig
 from envs.env import EnvConfig, SearchBrowseEnv
 from envs.synthetic.expert import ScriptedExpert
@@ -93,19 +92,6 @@ class ExpertReport:
         lines += [f"  wrong: {r.task_id}: {r.answer!r} (gold {r.gold[0]!r}) — {r.question}"
                   for r in wrong]
         return "\n".join(lines)
-
-
-_PUNCTUATION = re.compile(f"[{re.escape(string.punctuation)}]")
-
-
-def normalize_answer(text: str) -> str:
-    """Lower case, punctuation (thousands commas included) and articles removed, spaces collapsed."""
-    text = _PUNCTUATION.sub("", text.casefold())
-    return " ".join(word for word in text.split() if word not in ("a", "an", "the"))
-
-
-def answer_matches(answer: str | None, gold: Sequence[str]) -> bool:
-    return answer is not None and normalize_answer(answer) in {normalize_answer(g) for g in gold}
 
 
 async def run_expert_episode(task: Task, toolbox: Toolbox, env_config: EnvConfig) -> QuestionResult:
