@@ -14,11 +14,11 @@ from collections.abc import Mapping
 
 import pytest
 
+from envs.answers import answer_matches
 from envs.env import EnvConfig
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, parse_turn
 from envs.search.base import Document
 from envs.search.tool import SearchConfig, SearchTool
-from envs.answers import answer_matches
 from envs.synthetic.evaluate import evaluate_expert, run_expert_episode
 from envs.synthetic.expert import ScriptedExpert
 from envs.synthetic.questions import QuestionConfig, generate_tasks

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.search.base import Document, SearchBackend
 from envs.corpus import read_corpus
+from envs.search.base import Document, SearchBackend
 from envs.search.local import DEFAULT_ENGINE, LocalIndex, engine_names
 from envs.tools.base import ToolError
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from envs.search import tool as search_tool
 from envs.search.base import Document, SearchBackend, SearchHit
 from envs.search.local import LocalIndex
 from envs.search.tool import (
@@ -19,7 +20,6 @@ from envs.search.tool import (
     register_search_backend,
     search_backend_names,
 )
-from envs.search import tool as search_tool
 from envs.tools.base import Tool, ToolError
 
 

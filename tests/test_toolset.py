@@ -16,8 +16,8 @@ from envs.corpus_server import CorpusServer
 from envs.datasets.hotpotqa import HotpotQA, read_hotpotqa
 from envs.env import EnvConfig, EpisodeEnd, SearchBrowseEnv
 from envs.protocol import render_answer, render_tool_call
-from envs.toolset import ToolsConfig, build_toolbox
 from envs.tools.toolbox import Toolbox
+from envs.toolset import ToolsConfig, build_toolbox
 
 pytestmark = pytest.mark.integration
 

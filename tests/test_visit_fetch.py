@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from envs.tools.base import ToolError
-from envs.visit.fetch import Fetcher, FetchConfig
+from envs.visit.fetch import FetchConfig, Fetcher
 from envs.visit.guard import GuardConfig, SsrfGuard
 from tests.loopback import QuietHandler, serve
 

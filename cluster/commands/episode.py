@@ -23,13 +23,13 @@ from urllib.parse import urlsplit
 import httpx
 
 from cluster.config import ConfigError, load_config
+from envs.answers import answer_matches
 from envs.corpus_server import CorpusServer, page_path
 from envs.env import EnvConfig, SearchBrowseEnv
-from envs.answers import answer_matches
+from envs.search.base import Document
 from envs.synthetic.expert import ScriptedExpert
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
-from envs.search.base import Document
 from envs.synthetic.world import WorldConfig, generate_world
 from envs.toolset import ToolsConfig, build_toolbox
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from importlib.metadata import entry_points
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 
 from envs.datasets.benchmarks import load_browsecomp_zh, load_webshaper, load_webwalkerqa, load_xbench
 from envs.datasets.generic import DatasetError, load_jsonl, load_parquet

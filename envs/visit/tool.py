@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from envs.tools.base import JsonObject, JsonValue, ToolError
 from envs.visit.browser import BrowserConfig, BrowserRenderer
 from envs.visit.extract import ExtractConfig, extract_text
-from envs.visit.fetch import Fetcher, FetchConfig
+from envs.visit.fetch import FetchConfig, Fetcher
 from envs.visit.guard import GuardConfig, Resolver, SsrfGuard
 from envs.visit.summarize import ExtractorConfig, LlmExtractor
 from envs.visit.tokens import TokenConfig, TokenCounter, build_counter, fit_to_budget
