@@ -57,14 +57,20 @@ def test_fit_to_budget_adds_marker_only_when_cut() -> None:
     assert fit_to_budget("a few words", counter, 4096) == "a few words"
 
 
-def test_hf_counter_without_transformers_says_how_to_fix() -> None:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="pip install transformers"):
-            build_counter(TokenConfig(tokenizer_path="/nonexistent"))
-    else:
-        pytest.skip("transformers is installed")
+def test_hf_counter_counts_and_cuts_with_the_policy_tokenizer() -> None:
+    from transformers import AutoTokenizer
+
+    from rollout.model_store import ensure_default_model
+
+    path = str(ensure_default_model())
+    counter = build_counter(TokenConfig(tokenizer_path=path))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    text = "Shirley Temple served as Chief of Protocol of the United States. " * 20
+    assert counter.count(text) == len(tokenizer.encode(text, add_special_tokens=False))
+    cut = counter.truncate(text, 17)
+    assert text.startswith(cut) and counter.count(cut) <= 17 and counter.count(cut) >= 15
+    with pytest.raises(ValueError, match="not a tokenizer directory"):
+        build_counter(TokenConfig(tokenizer_path="/nonexistent"))
 
 
 @given(st.text(), st.integers(min_value=1, max_value=50))

@@ -56,14 +56,13 @@ class HfTokenCounter:
     """Exact count with a Hugging Face tokenizer loaded from a local folder."""
 
     def __init__(self, path: str) -> None:
+        from transformers import AutoTokenizer  # imported here: loading transformers takes seconds
+
         try:
-            from transformers import AutoTokenizer
-        except ImportError:
-            raise RuntimeError(
-                f"visit.tokens.tokenizer_path is set to {path!r} but transformers is not installed; "
-                f"pip install transformers, or unset tokenizer_path to use the approximate counter"
-            ) from None
-        self._tokenizer = AutoTokenizer.from_pretrained(path)
+            self._tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"visit.tokens.tokenizer_path={path!r} is not a tokenizer directory "
+                             f"({error}); point it at a model folder or unset it") from None
 
     def count(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False))
