@@ -127,3 +127,10 @@ def test_found_as_dataset_kind_through_its_entry_point() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["12", "True", "True"]
+
+
+def test_first_questions_do_not_depend_on_count(world: World) -> None:
+    many = generate_tasks(world, QuestionConfig(count=60))
+    few = generate_tasks(world, QuestionConfig(count=7))
+    assert [t.question for t in few] == [t.question for t in many[:7]]
+    assert [t.answers for t in few] == [t.answers for t in many[:7]]

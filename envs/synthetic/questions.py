@@ -59,15 +59,14 @@ def generate_tasks(world: World, config: QuestionConfig | None = None, base_url:
     cfg = config or QuestionConfig()
     cfg.validate()
     rng = random.Random(f"turnstile-synthetic-questions-{world.config.seed}-{cfg.seed}")
-    n_aggregate = round(cfg.count * cfg.aggregation_fraction)
+    n_aggregate = round(cfg.count * cfg.aggregation_fraction)  # checked against the hubs below
     hubs = [hub for hub in world.hubs()
             if cfg.aggregation_min_members <= len(world.members(hub)) <= cfg.aggregation_max_members]
     if n_aggregate and not hubs:
         raise ValueError(
             f"no hub of this world has {cfg.aggregation_min_members}-{cfg.aggregation_max_members} "
             "members: widen questions.aggregation_*_members or raise world.hubs")
-    kinds = ["aggregate"] * n_aggregate + ["chain"] * (cfg.count - n_aggregate)
-    rng.shuffle(kinds)
+    kinds = question_kinds(cfg, world.config.seed)
     builder = _TaskBuilder(world, base_url.rstrip("/"))
     seen: set[str] = set()
     tasks: list[Task] = []
@@ -87,6 +86,23 @@ def generate_tasks(world: World, config: QuestionConfig | None = None, base_url:
         seen.add(task.question)
         tasks.append(task)
     return tasks
+
+
+KIND_BLOCK = 20
+
+
+def question_kinds(cfg: QuestionConfig, world_seed: int) -> list[str]:
+    """The kind of each question, drawn block by block so that the first n questions are the same
+    whatever ``count`` is (a rollout on 8 questions sees the first 8 of the 200): every block of 20
+    holds the configured share of aggregation questions at shuffled positions."""
+    rng = random.Random(f"turnstile-synthetic-kinds-{world_seed}-{cfg.seed}")
+    per_block = round(KIND_BLOCK * cfg.aggregation_fraction)
+    kinds: list[str] = []
+    while len(kinds) < cfg.count:
+        block = ["aggregate"] * per_block + ["chain"] * (KIND_BLOCK - per_block)
+        rng.shuffle(block)
+        kinds.extend(block)
+    return kinds[: cfg.count]
 
 
 def load_synthetic_tasks(seed: int = 0, n: int = 200, base_url: str = "",

@@ -1,0 +1,225 @@
+"""The episode loop: one task, one policy, up to ``max_turns`` turns, token ids in and out.
+
+Each turn the loop sends the current context ids to the policy engine, decodes the generated ids only
+to let the environment parse and run the action, and records the ids exactly as generated. What
+follows the turn is decided by the context manager (append the observation's delta ids, or start a
+new segment), within the context budget: when the next context would leave no room for a full turn
+(plus the forced-answer instruction), the manager may offer a reset (``discard_all``); otherwise the
+environment is told to make the next turn the last and the observation becomes the instruction to
+answer now (ALGORITHMS.md §1).
+
+Per-turn cost does not grow with the episode: the context is one list extended in place, its length
+is a running count, and only new text (observation, one response) is ever tokenised or decoded.
+
+``run_episode`` never raises on what the policy writes or on an engine failure: every way an episode
+ends is a :class:`~rollout.trajectory.StopReason`, and the trajectory keeps the turns done so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from dataclasses import dataclass, field, replace
+
+from envs.env import EnvConfig, EpisodeEnd, SearchBrowseEnv, StepResult
+from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind
+from envs.tasks import Task
+from envs.tools.toolbox import Toolbox
+from rollout.chat import ChatFormat
+from rollout.context import Append, ContextManager, ContextPlan, Exchange, planned_length
+from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, Generation, PolicyEngine, SamplingParams
+from rollout.trajectory import Segment, StopReason, Trajectory, Turn
+
+
+@dataclass
+class SamplingConfig:
+    """How each turn is sampled (stop tokens come from the chat template)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    seed: int | None = None  # when set, each turn gets a seed derived from it, the episode and turn
+
+
+@dataclass
+class EpisodeConfig:
+    """Limits of one episode. ``env.max_turns`` (default 200) counts assistant turns, the answer
+    included; ``env.expect_report`` is set from the context manager."""
+
+    max_new_tokens: int = 2048  # per turn
+    context_budget: int = 32768  # tokens of one segment's context: prompt + responses + observations
+    timeout_s: float = 3600.0  # wall clock of the whole episode, tool calls included
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError("episode.max_new_tokens must be >= 1")
+        if self.context_budget <= self.max_new_tokens:
+            raise ValueError(f"episode.context_budget ({self.context_budget}) must exceed "
+                             f"episode.max_new_tokens ({self.max_new_tokens}): raise the budget")
+        if self.timeout_s <= 0:
+            raise ValueError("episode.timeout_s must be > 0")
+
+    @property
+    def max_turns(self) -> int:
+        return self.env.max_turns
+
+
+async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, toolbox: Toolbox,
+                      chat: ChatFormat, context_manager: ContextManager, config: EpisodeConfig,
+                      affinity: str | None = None) -> Trajectory:
+    """Run one episode of ``task`` and return its trajectory (see the module docstring).
+
+    ``context_manager`` is a fresh instance for this episode (``build_context_manager``).
+    ``affinity`` (default ``"{uid}/{sample}"``) goes with every engine request so that a router
+    keeps the episode on one replica, whose prefix cache holds its context.
+    """
+    trajectory = Trajectory(uid=uid, sample=sample, task_id=task.id, question=task.question,
+                            answers=list(task.answers), context_manager=context_manager.name,
+                            policy=chat.name)
+    env = SearchBrowseEnv(task, toolbox,
+                          replace(config.env, expect_report=context_manager.expect_report))
+    episode = _Episode(trajectory, engine, chat, context_manager, config,
+                       affinity if affinity is not None else f"{uid}/{sample}")
+    started = time.monotonic()
+    deadline = asyncio.timeout(config.timeout_s)
+    try:
+        async with deadline:
+            await episode.run(env)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        trajectory.stop_reason = StopReason.TIMEOUT
+    finally:
+        await env.close()
+        trajectory.wall_s = time.monotonic() - started
+    return trajectory
+
+
+class _Episode:
+    """The state of one running episode: the trajectory so far and the current context ids."""
+
+    def __init__(self, trajectory: Trajectory, engine: PolicyEngine, chat: ChatFormat,
+                 context: ContextManager, config: EpisodeConfig, affinity: str) -> None:
+        self.trajectory = trajectory
+        self.engine = engine
+        self.chat = chat
+        self.context = context
+        self.config = config
+        self.affinity = affinity
+        self.ids: list[int] = []  # the current segment's context, extended in place
+        self.turns = 0
+        self.overflowed = False  # the final answer was forced by the context budget
+        self._generate_s = 0.0
+        # Room kept free in every context for the forced-answer instruction.
+        self.reserve = len(chat.delta_ids(FINAL_ANSWER_INSTRUCTION, ()))
+
+    async def run(self, env: SearchBrowseEnv) -> None:
+        self._open_segment(self.context.start(self.chat, await env.reset()))
+        for _ in range(self.config.max_turns):
+            room = self.config.context_budget - len(self.ids)
+            if room <= 0:
+                self.trajectory.stop_reason = StopReason.CONTEXT_OVERFLOW
+                return
+            generation = await self._generate(min(self.config.max_new_tokens, room))
+            if generation is None:
+                return
+            text = self.chat.response_text(generation.token_ids)
+            step = await env.step(text)
+            turn = self._record(generation, text, step)
+            if step.done:
+                self._finish(step, generation)
+                return
+            self._continue(env, turn, Exchange(generation.token_ids, text, step.info.parsed,
+                                               step.observation))
+        raise RuntimeError(f"the environment did not end the episode within {self.config.max_turns} "
+                           "turns; it must force the final answer on its last turn")
+
+    async def _generate(self, max_new_tokens: int) -> Generation | None:
+        """One turn from the engine; None (and the episode stopped) when the engine failed."""
+        sampling = self.config.sampling
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=sampling.temperature,
+                                top_p=sampling.top_p, top_k=sampling.top_k,
+                                stop_token_ids=self.chat.stop_token_ids, seed=self._seed())
+        started = time.monotonic()
+        try:
+            generation = await self.engine.generate(self.ids, params, affinity=self.affinity)
+        except Exception as error:  # noqa: BLE001 - any engine failure ends this episode only
+            self._fail(f"the engine failed on turn {self.turns}: {type(error).__name__}: {error}")
+            return None
+        if generation.finish_reason == FINISH_ABORT:
+            self._fail(f"the engine aborted turn {self.turns}")
+            return None
+        self._generate_s = time.monotonic() - started
+        return generation
+
+    def _seed(self) -> int | None:
+        seed = self.config.sampling.seed
+        if seed is None:
+            return None
+        return zlib.crc32(f"{seed}/{self.affinity}/{self.turns}".encode())
+
+    def _record(self, generation: Generation, text: str, step: StepResult) -> Turn:
+        info, parsed = step.info, step.info.parsed
+        turn = Turn(
+            index=self.turns, response_ids=list(generation.token_ids),
+            response_logprobs=list(generation.logprobs), weights_version=generation.weights_version,
+            context_len=len(self.ids), finish_reason=generation.finish_reason, response_text=text,
+            action=parsed.kind.value, tool=info.tool or parsed.tool,
+            arguments=dict(parsed.arguments) if parsed.kind is TurnKind.TOOL_CALL else None,
+            format_ok=parsed.format_ok, format_errors=list(parsed.errors), answer=parsed.answer,
+            observation_text=step.observation, forced_final=info.forced_final, tool_ok=info.tool_ok,
+            tool_error=info.tool_error, tool_cached=info.tool_cached,
+            generate_s=self._generate_s, tool_s=info.tool_seconds,
+        )
+        self.trajectory.segments[-1].turns.append(turn)
+        self.ids.extend(generation.token_ids)
+        self.turns += 1
+        return turn
+
+    def _continue(self, env: SearchBrowseEnv, turn: Turn, exchange: Exchange) -> None:
+        """Put the observation into the context (or a new one), forcing the answer on overflow."""
+        plan = self.context.next_context(exchange)
+        if not self._fits(plan):
+            reset = self.context.on_overflow(exchange)
+            if reset is not None and self._fits(reset):
+                plan = reset
+            else:
+                instruction = env.force_final_answer()
+                self.overflowed = True
+                turn.observation_text, turn.forced_final = instruction, True
+                plan = self.context.next_context(replace(exchange, observation=instruction))
+        if isinstance(plan, Append):
+            turn.observation_ids = plan.ids
+            self.ids.extend(plan.ids)
+        else:
+            self._open_segment(plan.prompt_ids)
+
+    def _fits(self, plan: ContextPlan) -> bool:
+        needed = planned_length(plan, len(self.ids)) + self.config.max_new_tokens + self.reserve
+        return needed <= self.config.context_budget
+
+    def _open_segment(self, prompt_ids: list[int]) -> None:
+        self.trajectory.segments.append(Segment(prompt_ids=prompt_ids))
+        self.ids = list(prompt_ids)
+
+    def _finish(self, step: StepResult, generation: Generation) -> None:
+        end = step.info.end
+        self.trajectory.answer = step.info.answer
+        if end is EpisodeEnd.ANSWERED:
+            reason = StopReason.ANSWERED
+        elif generation.finish_reason == FINISH_LENGTH:
+            reason = StopReason.MAX_TOKENS  # the last turn was cut before it could answer
+        elif end is EpisodeEnd.MALFORMED_ANSWER:
+            reason = StopReason.MALFORMED_ANSWER
+        elif self.overflowed:
+            reason = StopReason.CONTEXT_OVERFLOW
+        else:
+            reason = StopReason.NO_ANSWER
+        self.trajectory.stop_reason = reason
+
+    def _fail(self, message: str) -> None:
+        self.trajectory.stop_reason = StopReason.ENGINE_ERROR
+        self.trajectory.metadata["error"] = message

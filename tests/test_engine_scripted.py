@@ -1,0 +1,139 @@
+"""The scripted engine: an expert that reads its token context, and a replay of recorded turns."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from envs.protocol import TurnKind, parse_turn, render_answer, render_tool_call
+from envs.synthetic.questions import QuestionConfig, generate_tasks
+from envs.synthetic.world import WorldConfig, generate_world
+from envs.tasks import Task
+from rollout.chat import ChatFormat
+from rollout.engines.base import FINISH_LENGTH, FINISH_STOP, PolicyEngine, SamplingParams
+from rollout.engines.config import EngineConfig, ScriptedEngineConfig
+from rollout.engines.registry import build_engine
+from rollout.engines.scripted import ScriptedEngine
+from rollout.model_store import ensure_default_model
+from rollout.trajectory import Segment, Trajectory, Turn, save_trajectories
+
+SYSTEM = {"role": "system", "content": "You are a deep research assistant."}
+
+
+@pytest.fixture(scope="module")
+def chat() -> ChatFormat:
+    return ChatFormat.from_pretrained(ensure_default_model())
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[Task]:
+    return generate_tasks(generate_world(WorldConfig(seed=0)), QuestionConfig())
+
+
+@pytest.fixture
+def sampling(chat: ChatFormat) -> SamplingParams:
+    return SamplingParams(max_new_tokens=512, stop_token_ids=chat.stop_token_ids)
+
+
+def first_prompt(chat: ChatFormat, question: str) -> list[int]:
+    return chat.prompt_ids([SYSTEM, {"role": "user", "content": question}])
+
+
+def chain(tasks: list[Task]) -> Task:
+    return next(t for t in tasks if t.metadata["kind"] == "chain")
+
+
+async def test_builds_from_config_through_the_registry(chat: ChatFormat, tasks: list[Task],
+                                                       sampling: SamplingParams) -> None:
+    engine = build_engine(EngineConfig(kind="scripted", model=str(ensure_default_model())))
+    assert isinstance(engine, ScriptedEngine) and isinstance(engine, PolicyEngine)
+    task = chain(tasks)
+    generation = await engine.generate(first_prompt(chat, task.question), sampling, affinity="e1")
+    assert generation.finish_reason == FINISH_STOP
+    assert generation.token_ids[-1] == chat.turn_end_id
+    assert generation.logprobs == (0.0,) * len(generation.token_ids)
+    turn = parse_turn(chat.response_text(generation.token_ids))
+    assert turn.kind is TurnKind.TOOL_CALL and turn.arguments == {"query": [task.metadata["start"]]}
+
+
+async def test_reads_the_last_observation_from_the_context(chat: ChatFormat, tasks: list[Task],
+                                                          sampling: SamplingParams) -> None:
+    engine = ScriptedEngine(chat, tasks=tasks)
+    task = chain(tasks)
+    prompt = first_prompt(chat, task.question)
+    first = await engine.generate(prompt, sampling)  # no affinity: keyed by the question
+    missed = "<tool_response>\nNo results found for 'x'.\n</tool_response>"
+    prompt += [*first.token_ids, *chat.delta_ids(missed, first.token_ids)]
+    retry = parse_turn(chat.response_text((await engine.generate(prompt, sampling)).token_ids))
+    assert retry.tool == "search" and retry.arguments["query"] != [task.metadata["start"]]
+
+
+async def test_report_mode_writes_a_report(chat: ChatFormat, tasks: list[Task],
+                                           sampling: SamplingParams) -> None:
+    engine = ScriptedEngine(chat, tasks=tasks, report=True)
+    generation = await engine.generate(first_prompt(chat, chain(tasks).question), sampling, "e")
+    turn = parse_turn(chat.response_text(generation.token_ids), expect_report=True)
+    assert turn.format_ok and turn.report and turn.report.startswith("1 tool calls so far.")
+
+
+async def test_cuts_at_max_new_tokens(chat: ChatFormat, tasks: list[Task]) -> None:
+    engine = ScriptedEngine(chat, tasks=tasks)
+    generation = await engine.generate(first_prompt(chat, chain(tasks).question),
+                                       SamplingParams(max_new_tokens=5), "e")
+    assert len(generation.token_ids) == 5 and generation.finish_reason == FINISH_LENGTH
+
+
+async def test_unknown_questions_and_lost_episodes_are_errors(chat: ChatFormat, tasks: list[Task],
+                                                             sampling: SamplingParams) -> None:
+    engine = ScriptedEngine(chat, tasks=tasks)
+    with pytest.raises(ValueError, match="world_seed"):
+        await engine.generate(first_prompt(chat, "What is not asked?"), sampling, "e")
+    prompt = first_prompt(chat, chain(tasks).question)
+    first = await engine.generate(prompt, sampling, "e1")
+    prompt += [*first.token_ids, *chat.delta_ids("<tool_response>\nx\n</tool_response>", first.token_ids)]
+    with pytest.raises(RuntimeError, match="another engine"):
+        await engine.generate(prompt, sampling, "moved")
+    with pytest.raises(ValueError, match="tasks"):
+        ScriptedEngine(chat)
+
+
+async def test_replays_recorded_turns_in_order(chat: ChatFormat, tmp_path: Path,
+                                               sampling: SamplingParams) -> None:
+    question = "Which city is the capital of Krandara?"
+    texts = [render_tool_call("search", {"query": ["a"]}, "first"), render_answer("Fegrel", "second")]
+    turns = [Turn(index=i, response_ids=[*chat.encode(t), chat.turn_end_id],
+                  response_logprobs=[-0.5] * (len(chat.encode(t)) + 1), weights_version=3,
+                  context_len=0, finish_reason=FINISH_STOP) for i, t in enumerate(texts)]
+    recorded = Trajectory(uid="u", sample=0, task_id="t", question=question, answers=["Fegrel"],
+                          segments=[Segment(prompt_ids=[1], turns=turns)])
+    path = tmp_path / "recorded.jsonl"
+    save_trajectories([recorded], path)
+    config = EngineConfig(kind="scripted", model=str(ensure_default_model()),
+                          scripted=ScriptedEngineConfig(mode="replay", replay_path=str(path)))
+    engine = ScriptedEngine.from_config(config)
+    prompt = first_prompt(chat, question)
+    first = await engine.generate(prompt, sampling, "r")
+    assert list(first.token_ids) == turns[0].response_ids and first.logprobs[0] == -0.5
+    prompt += [*first.token_ids, *chat.delta_ids("<tool_response>\nx\n</tool_response>", first.token_ids)]
+    second = await engine.generate(prompt, sampling, "r")
+    assert list(second.token_ids) == turns[1].response_ids
+    with pytest.raises(ValueError, match="replay_path"):
+        ScriptedEngine.from_config(dataclasses.replace(config, scripted=ScriptedEngineConfig(mode="replay")))
+    with pytest.raises(ValueError, match="'expert' or 'replay'"):
+        ScriptedEngine.from_config(dataclasses.replace(config, scripted=ScriptedEngineConfig(mode="x")))
+
+
+async def test_score_and_weights(chat: ChatFormat, tasks: list[Task], sampling: SamplingParams) -> None:
+    engine = ScriptedEngine(chat, tasks=tasks)
+    assert await engine.score([[1, 2, 3], [4, 5]], [(1, 3), (0, 0)]) == [[0.0, 0.0], []]
+    with pytest.raises(ValueError, match="outside"):
+        await engine.score([[1]], [(0, 2)])
+    assert await engine.weights_version() == 0
+    await engine.update_weights(4, {})
+    assert await engine.weights_version() == 4
+    generation = await engine.generate(first_prompt(chat, chain(tasks).question), sampling, "w")
+    assert generation.weights_version == 4
+    await engine.aclose()
+    await engine.aclose()
