@@ -64,3 +64,14 @@ def redis_url() -> Iterator[str]:
         proc.terminate()
         proc.wait(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """One local Ray for the whole session (starting Ray takes seconds; never per test)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    yield
+    ray.shutdown()

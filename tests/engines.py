@@ -27,7 +27,6 @@ from rollout.engines.config import EngineConfig
 from rollout.model_store import resolve_model
 
 REPO = Path(__file__).resolve().parent.parent
-VLLM_ENGINE_MODULE = REPO / "rollout" / "engines" / "vllm.py"
 
 # Small enough to test the prompt-length check cheaply, large enough for every prompt here.
 MAX_MODEL_LEN = 2048
@@ -40,14 +39,6 @@ SELF_ATOL = 1e-4
 # weights: measured 1.9e-6 at most between vllm (CPU build) and hf over the conformance prompts;
 # DESIGN.md reports agreement to 4 decimals, which is what this allows.
 CROSS_ATOL = 1e-4
-
-
-def vllm_unavailable_reason() -> str | None:
-    """Why the vllm engine cannot be built in this checkout, or None when it can."""
-    if not VLLM_ENGINE_MODULE.is_file():
-        return (f"{VLLM_ENGINE_MODULE.relative_to(REPO)} does not exist yet (the vLLM engine is being "
-                "written); the vllm conformance tests run once it does")
-    return None
 
 
 def engine_config(kind: str) -> EngineConfig:
@@ -74,14 +65,10 @@ ENGINE_FACTORIES: dict[str, Callable[[EngineConfig], PolicyEngine]] = {
 
 
 def engine_params() -> list[ParameterSet]:
-    """One pytest param per engine kind; vllm ones are integration tests, skipped while absent."""
-    vllm_reason = vllm_unavailable_reason()
+    """One pytest param per engine kind; the vllm ones are integration tests (vLLM starts slowly)."""
     return [
         pytest.param("hf", id="hf"),
-        pytest.param("vllm", id="vllm", marks=[
-            pytest.mark.integration,
-            pytest.mark.skipif(vllm_reason is not None, reason=vllm_reason or ""),
-        ]),
+        pytest.param("vllm", id="vllm", marks=[pytest.mark.integration]),
     ]
 
 

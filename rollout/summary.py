@@ -1,0 +1,70 @@
+"""What a batch of trajectories amounts to: the numbers a rollout prints when it ends."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from envs.answers import answer_matches
+from rollout.trajectory import Trajectory
+
+
+@dataclass
+class RolloutSummary:
+    episodes: int
+    failed: int  # episodes that could not be run (their worker died too often)
+    turns: int
+    response_tokens: int
+    observation_tokens: int
+    answered: int
+    correct: int
+    tool_calls: int
+    tool_errors: int
+    wall_s: float
+    stop_reasons: Counter[str] = field(default_factory=Counter)
+    rerun: int = 0  # episodes started again after their worker died
+
+    @property
+    def answer_rate(self) -> float:
+        return self.answered / self.episodes if self.episodes else 0.0
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.episodes if self.episodes else 0.0
+
+    @property
+    def turns_per_s(self) -> float:
+        return self.turns / self.wall_s if self.wall_s > 0 else 0.0
+
+    def render(self) -> str:
+        reasons = ", ".join(f"{name} {count}" for name, count in self.stop_reasons.most_common())
+        return "\n".join([
+            f"episodes      {self.episodes} written, {self.failed} failed, {self.rerun} rerun",
+            f"turns         {self.turns} ({self.turns / max(self.episodes, 1):.1f} per episode)",
+            f"tokens        {self.response_tokens} generated, {self.observation_tokens} observed",
+            f"answer rate   {self.answer_rate:.1%}",
+            f"accuracy      {self.accuracy:.1%} (exact match)",
+            f"tool calls    {self.tool_calls}, {self.tool_errors} errors",
+            f"throughput    {self.turns_per_s:.2f} turns/s over {self.wall_s:.1f} s",
+            f"ended by      {reasons or '-'}",
+        ])
+
+
+def summarize(trajectories: Sequence[Trajectory], wall_s: float, failed: int = 0,
+              rerun: int = 0) -> RolloutSummary:
+    turns = [turn for trajectory in trajectories for turn in trajectory.turns]
+    return RolloutSummary(
+        episodes=len(trajectories),
+        failed=failed,
+        turns=len(turns),
+        response_tokens=sum(len(turn.response_ids) for turn in turns),
+        observation_tokens=sum(len(turn.observation_ids) for turn in turns),
+        answered=sum(t.answered for t in trajectories),
+        correct=sum(answer_matches(t.answer, t.answers) for t in trajectories if t.answered),
+        tool_calls=sum(turn.tool is not None for turn in turns),
+        tool_errors=sum(turn.tool_ok is False for turn in turns),
+        wall_s=wall_s,
+        stop_reasons=Counter(t.stop_reason.value for t in trajectories),
+        rerun=rerun,
+    )

@@ -1,0 +1,122 @@
+"""Rollout workers: Ray actors that each run many episodes concurrently with asyncio.
+
+A worker is built from a small picklable :class:`WorkerSpec` and builds its heavy parts inside the
+actor: the search index over the corpus, the HTTP pools and the browser (one toolbox shared by its
+episodes), and the tokenizer's chat format. Each ``run`` call is one episode; the actor's
+``max_concurrency`` is how many run at once, and Ray queues the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import ray
+
+from envs.corpus import read_corpus
+from envs.search.base import Document
+from envs.synthetic.render import world_documents
+from envs.synthetic.world import WorldConfig, generate_world
+from envs.tasks import Task
+from envs.toolset import ToolsConfig, build_toolbox
+from rollout.chat import ChatFormat
+from rollout.context import ContextConfig, build_context_manager
+from rollout.episode import EpisodeConfig, run_episode
+from rollout.fleet import EngineRouter
+from rollout.trajectory import Trajectory
+
+
+@dataclass
+class CorpusConfig:
+    """What the local search index covers and where its pages are served.
+
+    ``kind``: ``synthetic`` (the world of ``world``), ``jsonl`` (``path``, a corpus file), or
+    ``none`` (the search backend is remote: Serper or a retrieval server). ``base_url`` is filled by
+    the driver once the corpus server runs.
+    """
+
+    kind: str = "synthetic"
+    world: WorldConfig = field(default_factory=WorldConfig)
+    path: str = ""
+    host: str = "127.0.0.1"  # where the corpus server listens (0.0.0.0 on a multi-node cluster)
+    port: int = 0
+    base_url: str = ""
+
+
+def corpus_documents(corpus: CorpusConfig, base_url: str) -> list[Document]:
+    """The corpus' documents with the urls under which ``base_url`` serves them."""
+    if corpus.kind == "synthetic":
+        return world_documents(generate_world(corpus.world), base_url)
+    if corpus.kind == "jsonl":
+        from envs.corpus_server import page_path
+
+        return [Document(d.doc_id, d.title, d.text, base_url + page_path(d.doc_id), d.html)
+                for d in read_corpus(corpus.path)]
+    if corpus.kind == "none":
+        return []
+    raise ValueError(f"corpus.kind={corpus.kind!r} is not known; use synthetic, jsonl or none")
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs, small and picklable."""
+
+    tools: ToolsConfig
+    episode: EpisodeConfig
+    context: ContextConfig
+    corpus: CorpusConfig
+    tokenizer: str  # the policy's model directory (its tokenizer and chat template)
+    policy_name: str = ""
+
+
+class RolloutWorker:
+    """Runs episodes; wrapped with ``ray.remote`` by :func:`start_workers`."""
+
+    def __init__(self, spec: WorkerSpec, router: EngineRouter) -> None:
+        self.spec = spec
+        self.router = router
+        documents = corpus_documents(spec.corpus, spec.corpus.base_url)
+        allow = [urlsplit(spec.corpus.base_url).netloc] if spec.corpus.base_url else []
+        self.toolbox = build_toolbox(spec.tools, documents or None, allow_hosts=allow)
+        self.chat = ChatFormat.from_pretrained(spec.tokenizer)
+        self.episodes_done = 0
+
+    async def run(self, task: Task, uid: str, sample: int) -> Trajectory:
+        affinity = f"{uid}/{sample}"
+        try:
+            trajectory = await run_episode(
+                task, uid, sample, engine=self.router, toolbox=self.toolbox, chat=self.chat,
+                context_manager=build_context_manager(self.spec.context), config=self.spec.episode,
+                affinity=affinity,
+            )
+        finally:
+            self.router.release(affinity)
+        trajectory.policy = self.spec.policy_name
+        self.episodes_done += 1
+        return trajectory
+
+    async def tool_metrics(self) -> dict[str, int]:
+        metrics = self.toolbox.metrics
+        return {"calls": sum(metrics.calls.values()), "failures": sum(metrics.failures.values()),
+                "retries": metrics.retries, "cache_hits": self.toolbox.cache.stats.hits}
+
+    async def ping(self) -> int:
+        return self.episodes_done
+
+    async def aclose(self) -> None:
+        await self.toolbox.aclose()
+
+
+def start_workers(spec: WorkerSpec, router: EngineRouter, count: int, concurrency: int,
+                  num_cpus: float = 0.5, max_restarts: int = 2,
+                  name_prefix: str = "") -> list[ray.actor.ActorHandle]:
+    """Start ``count`` workers, each running up to ``concurrency`` episodes at once; with a
+    ``name_prefix`` they are named actors (``<prefix>worker-<i>``), so operators can find them."""
+    if count < 1 or concurrency < 1:
+        raise ValueError("fleet.workers and fleet.episodes_per_worker must be >= 1")
+    actor = ray.remote(RolloutWorker)
+    handles = [actor.options(num_cpus=num_cpus, max_concurrency=concurrency, max_restarts=max_restarts,
+                             name=f"{name_prefix}worker-{i}" if name_prefix else None).remote(spec, router)
+               for i in range(count)]
+    ray.get([handle.ping.remote() for handle in handles])
+    return handles

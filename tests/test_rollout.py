@@ -1,0 +1,109 @@
+"""The rollout fleet on Ray: engine actors, routing, workers running concurrent episodes, the
+trajectory file, and a worker killed mid-run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import ray
+
+from cluster.config import load_config
+from cluster.rollout import RolloutConfig, run_rollout
+from envs.answers import answer_matches
+from rollout.trajectory import StopReason, load_trajectories
+
+pytestmark = pytest.mark.integration
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def scripted(limit: int, group: int, workers: int = 2, per_worker: int = 4) -> RolloutConfig:
+    return load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml",
+                       [f"data.limit={limit}", f"group_size={group}", f"fleet.workers={workers}",
+                        f"fleet.episodes_per_worker={per_worker}"])
+
+
+def test_every_example_config_loads() -> None:
+    for path in sorted(EXAMPLES.glob("rollout*.yaml")):
+        assert isinstance(load_config(RolloutConfig, path), RolloutConfig), path
+
+
+def check_file(out: Path, expected: set[tuple[str, int]]) -> list:
+    trajectories = load_trajectories(out)
+    assert {(t.uid, t.sample) for t in trajectories} == expected  # each exactly once
+    assert len(trajectories) == len(expected)
+    for trajectory in trajectories:
+        for segment in trajectory.segments:
+            assert len(segment.flat_ids()) == len(segment)
+            assert segment.turns[-1].context_len <= len(segment)
+    return trajectories
+
+
+def test_scripted_rollout_answers_through_the_fleet(ray_local: None, tmp_path: Path) -> None:
+    cfg = scripted(limit=3, group=2)
+    out = tmp_path / "scripted.jsonl"
+    summary = run_rollout(cfg, out, progress=False)
+    tasks = {t.uid for t in load_trajectories(out)}
+    trajectories = check_file(out, {(uid, g) for uid in tasks for g in range(2)})
+    assert len(tasks) == 3 and summary.episodes == 6 and summary.failed == 0
+    assert all(t.stop_reason is StopReason.ANSWERED and answer_matches(t.answer, t.answers)
+               for t in trajectories)
+    assert summary.accuracy == 1.0 and summary.turns == sum(len(t.turns) for t in trajectories)
+    assert summary.tool_calls == sum(t.tool is not None for tr in trajectories for t in tr.turns)
+
+
+def test_killed_worker_episodes_are_rerun_not_lost(ray_local: None, tmp_path: Path) -> None:
+    cfg = scripted(limit=4, group=2, workers=2, per_worker=2)
+    out = tmp_path / "killed.jsonl"
+    killed: list[str] = []
+
+    def kill_one_worker() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            names = [n["name"] if isinstance(n, dict) else n for n in ray.util.list_named_actors()]
+            workers = sorted(n for n in names if "-worker-" in n)
+            if workers and out.exists() and out.stat().st_size > 0:
+                ray.kill(ray.get_actor(workers[0]), no_restart=False)
+                killed.append(workers[0])
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_one_worker, daemon=True)
+    killer.start()
+    summary = run_rollout(cfg, out, progress=False)
+    killer.join(timeout=5)
+    assert killed, "the test never found a worker to kill"
+    tasks = {t.uid for t in load_trajectories(out)}
+    check_file(out, {(uid, g) for uid in tasks for g in range(2)})
+    assert len(tasks) == 4 and summary.failed == 0 and summary.episodes == 8
+    assert summary.rerun >= 1  # the killed worker's running episodes went elsewhere
+
+
+def test_vllm_rollout_writes_trajectories(ray_local: None, tmp_path: Path) -> None:
+    cfg = load_config(RolloutConfig, EXAMPLES / "rollout.yaml", ["data.limit=2", "group_size=2"])
+    out = tmp_path / "vllm.jsonl"
+    summary = run_rollout(cfg, out, progress=False)
+    tasks = {t.uid for t in load_trajectories(out)}
+    trajectories = check_file(out, {(uid, g) for uid in tasks for g in range(2)})
+    assert summary.episodes == 4 and summary.turns > 4
+    for trajectory in trajectories:
+        turns = trajectory.turns
+        assert all(turn.weights_version == 0 for turn in turns)
+        assert all(len(turn.response_ids) == len(turn.response_logprobs) for turn in turns)
+        assert all(-1e4 < lp <= 0 for turn in turns for lp in turn.response_logprobs)
+
+
+@pytest.mark.parametrize("kind", ["iter_research", "discard_all"])
+def test_other_context_managers_roll_out(ray_local: None, tmp_path: Path, kind: str) -> None:
+    cfg = load_config(RolloutConfig, EXAMPLES / f"rollout_{kind}.yaml",
+                      ["data.limit=2", "group_size=2", "episode.max_new_tokens=64"])
+    out = tmp_path / f"{kind}.jsonl"
+    summary = run_rollout(replace(cfg), out, progress=False)
+    trajectories = load_trajectories(out)
+    assert summary.episodes == 4 and all(t.context_manager == kind for t in trajectories)
+    if kind == "iter_research":
+        assert all(len(t.segments) == len(t.turns) for t in trajectories)
+    else:
+        assert all(1 <= len(t.segments) <= 3 for t in trajectories)
