@@ -1,0 +1,131 @@
+"""Orchestration cost of a turn as an episode grows: is turn 200 as cheap as turn 10?
+
+Runs 200-turn episodes through the real episode loop (context building, chat deltas, parsing, the
+environment, the toolbox, trajectory bookkeeping) with an engine and a tool that answer instantly,
+so what is measured is turnstile's own work per turn. The engine stamps when each request arrives
+and when it returns; a turn's orchestration cost is the gap between one return and the next request.
+
+    .venv/bin/python benchmarks/turn_cost.py [--episodes 8] [--turns 200] [--concurrency 8]
+
+Prints the median cost at turns 5–15 and 190–200, their ratio (target ≤ 1.5), and turns per
+second per core (turns over the process' CPU time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from envs.env import EnvConfig
+from envs.protocol import render_tool_call
+from envs.tasks import Task
+from envs.tools.base import JsonObject
+from envs.tools.cache import CacheConfig
+from envs.tools.toolbox import Toolbox, ToolboxConfig
+from rollout.chat import ChatFormat
+from rollout.context import ContextConfig, build_context_manager
+from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
+from rollout.episode import EpisodeConfig, run_episode
+from rollout.model_store import ensure_default_model
+
+PAGE = ("The Varny Bridge crosses the river at its narrowest point and was completed in 1911 by "
+        "the engineer who also designed the harbour of the city. ") * 12
+
+
+class InstantSearch:
+    """A search tool that answers at once with a page-sized text."""
+
+    name = "search"
+    description = "instant search"
+    parameters: JsonObject = {"type": "object", "properties": {"query": {"type": "array"}}}
+
+    def normalize(self, arguments: Mapping[str, object]) -> JsonObject:
+        query = arguments.get("query", [])
+        return {"query": list(query) if isinstance(query, list) else [str(query)]}
+
+    async def call(self, arguments: JsonObject) -> str:
+        return f"A search for '{arguments['query'][0]}' found 1 results:\n\n{PAGE}"
+
+    async def aclose(self) -> None:
+        return None
+
+
+class InstantEngine:
+    """Writes the same well-formed search call every turn, instantly, and stamps each request."""
+
+    def __init__(self, chat: ChatFormat) -> None:
+        text = render_tool_call("search", {"query": ["Varny Bridge engineer"]}, "Keep searching.")
+        self.ids = tuple(chat.encode(text)) + (chat.turn_end_id,)
+        self.arrived: dict[str, list[float]] = defaultdict(list)
+        self.returned: dict[str, list[float]] = defaultdict(list)
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                       affinity: str | None = None) -> Generation:
+        key = affinity or ""
+        self.arrived[key].append(time.perf_counter())
+        generation = Generation(self.ids, (0.0,) * len(self.ids), FINISH_STOP, 0)
+        self.returned[key].append(time.perf_counter())
+        return generation
+
+    async def score(self, sequences: Sequence[Sequence[int]],
+                    spans: Sequence[tuple[int, int]]) -> list[list[float]]:
+        return [[0.0] * (end - start) for start, end in spans]
+
+    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        return None
+
+    async def weights_version(self) -> int:
+        return 0
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def measure(episodes: int, turns: int, concurrency: int) -> None:
+    chat = ChatFormat.from_pretrained(ensure_default_model())
+    engine = InstantEngine(chat)
+    toolbox = Toolbox([InstantSearch()], ToolboxConfig(cache=CacheConfig(backend="none")))
+    config = EpisodeConfig(max_new_tokens=64, context_budget=1_000_000,
+                           env=EnvConfig(max_turns=turns))
+    task = Task(id="bench", question="Who designed the harbour?", answers=("Ada",))
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(sample: int) -> int:
+        async with limit:
+            trajectory = await run_episode(task, "bench", sample, engine, toolbox, chat,
+                                           build_context_manager(ContextConfig()), config)
+        return len(trajectory.turns)
+
+    cpu, wall = time.process_time(), time.perf_counter()
+    done = await asyncio.gather(*(one(i) for i in range(episodes)))
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    gaps: dict[int, list[float]] = defaultdict(list)
+    for key, arrivals in engine.arrived.items():
+        for turn in range(1, len(arrivals)):
+            gaps[turn].append(arrivals[turn] - engine.returned[key][turn - 1])
+    early = [g for t in range(5, 16) for g in gaps[t]]
+    late = [g for t in range(turns - 10, turns) for g in gaps[t]]
+    early_ms, late_ms = statistics.median(early) * 1e3, statistics.median(late) * 1e3
+    print(f"episodes {episodes} x {turns} turns (ran {sum(done)} turns), concurrency {concurrency}")
+    print(f"orchestration per turn: turns 5-15 {early_ms:.3f} ms, turns {turns - 10}-{turns} "
+          f"{late_ms:.3f} ms, ratio {late_ms / early_ms:.2f} (target <= 1.5)")
+    print(f"throughput: {sum(done) / cpu:.0f} turns per CPU-second ({sum(done) / wall:.0f} turns/s wall)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=8)
+    args = parser.parse_args()
+    asyncio.run(measure(args.episodes, args.turns, args.concurrency))
+
+
+if __name__ == "__main__":
+    main()
