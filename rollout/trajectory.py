@@ -134,15 +134,20 @@ class TrajectoryError(ValueError):
 # ---- files ---------------------------------------------------------------------------------------
 
 def save_trajectories(trajectories: Iterable[Trajectory], path: str | Path) -> int:
-    """Write one trajectory per line (appending to nothing: the file is replaced); returns the count."""
+    """Write one trajectory per line, replacing the file; returns the count. A trajectory that cannot
+    be written (a NaN log-prob) fails the call and leaves no file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        for trajectory in trajectories:
-            write_trajectory(trajectory, out)
-            count += 1
+    try:
+        with tmp.open("w", encoding="utf-8") as out:
+            for trajectory in trajectories:
+                write_trajectory(trajectory, out)
+                count += 1
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(path)  # a crash never leaves half a file under the real name
     return count
 
