@@ -1,0 +1,73 @@
+"""Credit assignment: per-turn advantages from scored trajectories (ALGORITHMS.md §3–7).
+
+Framework-independent: estimators read turn records (:mod:`learner.credit.records`), look each
+other up by name (:mod:`learner.credit.registry`) and share one normalisation
+(:mod:`learner.credit.normalize`). Run one on a file with::
+
+    turnstile credit --estimator igpo --in scored.jsonl --out credited.jsonl norm=joint
+
+:func:`learner.credit.gspo.gspo_sequence_ratio` (torch) is imported from its module directly.
+"""
+
+from learner.credit import estimators as _estimators  # noqa: F401  (registers grpo, abc_grpo, gspo_round)
+from learner.credit import igpo as _igpo  # noqa: F401  (registers igpo)
+from learner.credit.estimators import AbcGrpoOptions, GrpoOptions, GspoRoundOptions, abc_sft_weight
+from learner.credit.igpo import IgpoOptions, IgType, Norm, assign_information_gain
+from learner.credit.normalize import EPS, discount_over_boundaries, group_normalize, ig_scale
+from learner.credit.records import (
+    CreditInputError,
+    Group,
+    GroupCredit,
+    Trajectory,
+    TrajectoryCredit,
+    Turn,
+    TurnCredit,
+    credited_records,
+    group_by_uid,
+    read_trajectories,
+    trajectory_from_object,
+    write_records,
+)
+from learner.credit.registry import (
+    ESTIMATORS,
+    CreditResult,
+    Estimator,
+    build_estimator,
+    estimator_class,
+    option_names,
+    register,
+)
+
+__all__ = [
+    "EPS",
+    "ESTIMATORS",
+    "AbcGrpoOptions",
+    "CreditInputError",
+    "CreditResult",
+    "Estimator",
+    "Group",
+    "GroupCredit",
+    "GrpoOptions",
+    "GspoRoundOptions",
+    "IgType",
+    "IgpoOptions",
+    "Norm",
+    "Trajectory",
+    "TrajectoryCredit",
+    "Turn",
+    "TurnCredit",
+    "abc_sft_weight",
+    "assign_information_gain",
+    "build_estimator",
+    "credited_records",
+    "discount_over_boundaries",
+    "estimator_class",
+    "group_by_uid",
+    "group_normalize",
+    "ig_scale",
+    "option_names",
+    "read_trajectories",
+    "register",
+    "trajectory_from_object",
+    "write_records",
+]

@@ -1,0 +1,215 @@
+"""Turn records: the framework-independent input and output of credit assignment.
+
+One trajectory per JSONL line, only what credit assignment needs, so that an estimator can be run
+and checked on a hand-written file without the rollout's token-level trajectory format::
+
+    {"uid": "q17", "outcome": 1.0, "answered": true,
+     "turns": [{"tool": "search", "format_ok": true, "v": -2.5, "score": 1.8}, ...]}
+
+``answered`` and ``format_ok`` default to true; ``v`` (the information-gain value measured before
+the turn, ALGORITHMS.md §4) and ``score`` (the clue step score, §6) are read by the estimators that
+need them. Every other field, of the trajectory or of a turn, is kept and written back unchanged;
+the estimator adds ``advantage`` and ``reward`` (and its own fields) to every turn.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class CreditInputError(ValueError):
+    """A turn-record file the estimators cannot use; the message names the line and field."""
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One assistant turn: its tool (None for an answer or a malformed turn) and format check."""
+
+    index: int
+    tool: str | None
+    format_ok: bool
+    fields: Mapping[str, object]  # the turn as read, extra keys included
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode as credit assignment sees it; ``line`` (1-based) locates it in its file."""
+
+    line: int
+    uid: str
+    outcome: float
+    answered: bool
+    turns: tuple[Turn, ...]
+    fields: Mapping[str, object]  # the trajectory as read, extra keys included
+
+    def outcome_reward(self, format_penalty: float) -> float:
+        """The outcome as trained on (ALGORITHMS.md §3).
+
+        An unanswered trajectory, or one whose answer turn failed the format check, gets
+        ``−format_penalty`` whatever its recorded outcome; ``format_penalty = 0`` turns the penalty
+        off and keeps the recorded outcome.
+        """
+        if format_penalty > 0 and (not self.answered or not self.turns[-1].format_ok):
+            return -format_penalty
+        return self.outcome
+
+    def turn_numbers(self, name: str, *, why: str) -> list[float | None]:
+        """Field ``name`` of every turn, as floats.
+
+        Either every turn has a number, or every turn has ``null`` (the reward that fills the field
+        could not score this trajectory; the estimator then leaves that reward out). A missing key,
+        a mix, or a value that is not a finite number is an error naming the line, turn and field;
+        ``why`` tells the user what the field is for.
+        """
+        values: list[float | None] = []
+        for turn in self.turns:
+            where = f"line {self.line}, turn {turn.index}"
+            if name not in turn.fields:
+                raise CreditInputError(f"{where}: missing field '{name}' ({why})")
+            value = turn.fields[name]
+            values.append(None if value is None else _finite(value, where, name))
+        if any(v is None for v in values) and not all(v is None for v in values):
+            raise CreditInputError(f"line {self.line}: field '{name}' is null on some turns and set on "
+                                   f"others; set it on every turn, or null on every turn to leave it out")
+        return values
+
+
+@dataclass(frozen=True)
+class Group:
+    """The G trajectories of one prompt (same ``uid``): the unit every estimator normalises over."""
+
+    uid: str
+    trajectories: tuple[Trajectory, ...]
+
+
+@dataclass(frozen=True)
+class TurnCredit:
+    """What an estimator writes on one turn.
+
+    ``reward`` is the turn's reward before normalisation, ``None`` where the turn carries none;
+    ``extras`` are further per-turn fields of the estimator (``ig``, ``sft_weight``).
+    """
+
+    advantage: float
+    reward: float | None
+    extras: Mapping[str, float | None] = field(default_factory=dict)
+
+
+TrajectoryCredit = list[TurnCredit]
+GroupCredit = list[TrajectoryCredit]
+
+
+def parse_trajectory(text: str, line: int) -> Trajectory:
+    """One JSONL line as a trajectory; errors name ``line`` and the field and say what to write."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CreditInputError(f"line {line}: not valid JSON ({error.msg}, column {error.colno}); "
+                               f"each line must be one trajectory object") from None
+    return trajectory_from_object(obj, line)
+
+
+def trajectory_from_object(obj: object, line: int) -> Trajectory:
+    """A decoded JSON object as a trajectory (see the module docstring for the fields)."""
+    where = f"line {line}"
+    if not isinstance(obj, dict):
+        raise CreditInputError(f"{where}: expected a JSON object with uid, outcome and turns, "
+                               f"got {type(obj).__name__}")
+    uid = _required(obj, "uid", where)
+    if not isinstance(uid, str) or not uid:
+        raise CreditInputError(f"{where}: field 'uid' must be a non-empty string (the group id)")
+    outcome = _finite(_required(obj, "outcome", where), where, "outcome")
+    answered = _boolean(obj.get("answered", True), where, "answered")
+    raw_turns = _required(obj, "turns", where)
+    if not isinstance(raw_turns, list) or not raw_turns:
+        raise CreditInputError(f"{where}: field 'turns' must be a non-empty list of turn objects")
+    turns = tuple(_turn(raw, index, where) for index, raw in enumerate(raw_turns))
+    return Trajectory(line=line, uid=uid, outcome=outcome, answered=answered, turns=turns, fields=obj)
+
+
+def read_trajectories(path: str | Path) -> list[Trajectory]:
+    """Every trajectory of a turn-record file, in file order; blank lines are skipped."""
+    trajectories = []
+    with open(path, encoding="utf-8") as file:
+        for number, text in enumerate(file, start=1):
+            if text.strip():
+                trajectories.append(parse_trajectory(text, number))
+    if not trajectories:
+        raise CreditInputError("the file holds no trajectories (one JSON object per line expected)")
+    return trajectories
+
+
+def group_by_uid(trajectories: Iterable[Trajectory]) -> list[Group]:
+    """Groups in order of first appearance; members need not be adjacent in the file."""
+    members: dict[str, list[Trajectory]] = {}
+    for trajectory in trajectories:
+        members.setdefault(trajectory.uid, []).append(trajectory)
+    return [Group(uid=uid, trajectories=tuple(group)) for uid, group in members.items()]
+
+
+def credited_records(groups: Sequence[Group], credit: Sequence[GroupCredit]) -> list[dict[str, object]]:
+    """The trajectories as JSON objects with each turn's credit written in, in file order."""
+    rows: list[tuple[int, dict[str, object]]] = []
+    for group, group_credit in zip(groups, credit, strict=True):
+        for trajectory, turn_credits in zip(group.trajectories, group_credit, strict=True):
+            turns = []
+            for turn, turn_credit in zip(trajectory.turns, turn_credits, strict=True):
+                written = dict(turn.fields)
+                written["reward"] = turn_credit.reward
+                written["advantage"] = turn_credit.advantage
+                written.update(turn_credit.extras)
+                turns.append(written)
+            record = dict(trajectory.fields)
+            record["turns"] = turns
+            rows.append((trajectory.line, record))
+    return [record for _, record in sorted(rows, key=lambda row: row[0])]
+
+
+def write_records(path: str | Path, records: Iterable[Mapping[str, object]]) -> None:
+    """Write JSONL atomically, so an interrupted run never leaves half a file behind."""
+    target = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            for record in records:
+                file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        os.replace(temporary, target)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def _turn(raw: object, index: int, where: str) -> Turn:
+    where = f"{where}, turn {index}"
+    if not isinstance(raw, dict):
+        raise CreditInputError(f"{where}: expected a turn object, got {type(raw).__name__}")
+    tool = _required(raw, "tool", where)
+    if tool is not None and not isinstance(tool, str):
+        raise CreditInputError(f"{where}: field 'tool' must be a tool name or null (answer or "
+                               f"malformed turn), got {tool!r}")
+    format_ok = _boolean(raw.get("format_ok", True), where, "format_ok")
+    return Turn(index=index, tool=tool, format_ok=format_ok, fields=raw)
+
+
+def _required(obj: Mapping[str, object], name: str, where: str) -> object:
+    if name not in obj:
+        raise CreditInputError(f"{where}: missing field '{name}'")
+    return obj[name]
+
+
+def _finite(value: object, where: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CreditInputError(f"{where}: field '{name}' must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _boolean(value: object, where: str, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise CreditInputError(f"{where}: field '{name}' must be true or false, got {value!r}")
+    return value

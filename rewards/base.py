@@ -1,0 +1,192 @@
+"""The reward plugin contract and the registry that finds plugins by name.
+
+A reward plugin reads finished trajectories and writes reward fields into them: per trajectory
+(``outcome``, a ``metadata`` entry) and per turn (``reward``, ``ig``, ``step_score``, ``events``, ...).
+The reward service runs the configured plugins on each group (the G trajectories of one prompt, which
+share a task) before the learner turns the fields into advantages. Plugins are chosen in config::
+
+    rewards:
+      - kind: exact_match            # a name from the ``turnstile.rewards`` entry points
+        options: {format_penalty: true}
+      - kind: mypkg.rewards:Mine     # or an import path, no registration needed
+
+Each plugin class carries a typed options dataclass (``config_type``); :func:`build_reward` merges the
+spec's ``options`` into it and rejects an unknown option by name, so a typo never falls back to a
+default. The registry never lists plugins itself: packages declare them as entry points, and
+:func:`register_reward` adds one in process (tests, notebooks).
+
+A :class:`RewardSpec` is small and picklable; the plugin (with its HTTP clients, tools, caches) is built
+from it inside the process that scores, e.g. a Ray actor.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import ClassVar, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    OmegaConfBaseException,
+)
+
+from envs.tasks import Task
+from envs.tools.base import JsonValue
+from rollout.trajectory import Trajectory, Turn
+
+ENTRY_POINT_GROUP = "turnstile.rewards"
+
+TRAJECTORY_FIELDS = frozenset({"outcome", "metadata"})
+TURN_FIELDS = frozenset({"ig_value", "ig", "reward", "step_score", "events"})
+
+
+class RewardError(ValueError):
+    """A reward plugin cannot be found, configured or run; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The options of a plugin that takes none."""
+
+
+class RewardPlugin(abc.ABC):
+    """Scores finished trajectories by writing reward fields into them.
+
+    Contract:
+    - ``config_type`` is the plugin's options dataclass; the plugin is built as ``Cls(config)``
+      (by :func:`build_reward`). Heavy clients are built there or lazily, never pickled.
+    - ``writes`` names every field the plugin may write, as ``"trajectory.<field>"`` or
+      ``"turn.<field>"`` (fields of :class:`~rollout.trajectory.Trajectory` and
+      :class:`~rollout.trajectory.Turn`); it must write no other field. The contract test checks this.
+    - ``score`` is async and scores one trajectory of ``task``; it is idempotent (scoring twice
+      writes the same values) and never changes the rollout's own fields (ids, text, actions).
+    - ``score_group`` scores the G trajectories of one task; plugins that need the whole group
+      (group-relative scores) override it, the others inherit the concurrent per-trajectory loop.
+    - ``aclose`` releases clients; safe to call twice.
+    """
+
+    config_type: ClassVar[type] = NoOptions
+    writes: ClassVar[frozenset[str]] = frozenset()
+
+    @abc.abstractmethod
+    async def score(self, trajectory: Trajectory, task: Task) -> None: ...
+
+    async def score_group(self, group: Sequence[Trajectory], task: Task) -> None:
+        await asyncio.gather(*(self.score(trajectory, task) for trajectory in group))
+
+    async def aclose(self) -> None:
+        return None
+
+
+PluginClass = type[RewardPlugin]
+_REGISTERED: dict[str, PluginClass] = {}
+
+
+@dataclass
+class RewardSpec:
+    """One configured plugin: ``kind`` (registered name or ``package.module:Class``) and options."""
+
+    kind: str
+    options: dict[str, JsonValue] = field(default_factory=dict)
+
+
+def register_reward(name: str) -> Callable[[PluginClass], PluginClass]:
+    """Register a plugin class under ``name`` in this process (entry points do it for packages)."""
+
+    def register(cls: PluginClass) -> PluginClass:
+        known = _REGISTERED.get(name)
+        if known is not None and known is not cls:
+            raise RewardError(f"reward plugin {name!r} is already registered by "
+                              f"{known.__module__}.{known.__qualname__}; choose another name")
+        _REGISTERED[name] = cls
+        return cls
+
+    return register
+
+
+def reward_names() -> list[str]:
+    """Every plugin name known here: entry points of the installed packages and in-process ones."""
+    return sorted({entry.name for entry in entry_points(group=ENTRY_POINT_GROUP)} | set(_REGISTERED))
+
+
+def resolve_reward(kind: str) -> PluginClass:
+    """The plugin class ``kind`` names (registered name or ``package.module:Class``)."""
+    if ":" in kind:
+        module_name, _, attribute = kind.partition(":")
+        try:
+            found = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as error:
+            raise RewardError(f"reward kind {kind!r}: cannot load {attribute!r} from "
+                              f"{module_name!r} ({error})") from None
+        return _checked(kind, found)
+    if kind in _REGISTERED:
+        return _REGISTERED[kind]
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        if entry.name == kind:
+            return _checked(kind, entry.load())
+    raise RewardError(f"reward kind {kind!r} is not known; use one of {', '.join(reward_names())} "
+                      "or 'package.module:Class' (a plugin just declared in pyproject.toml needs "
+                      "pip install -e .)")
+
+
+def _checked(kind: str, found: object) -> PluginClass:
+    if not (isinstance(found, type) and issubclass(found, RewardPlugin)):
+        raise RewardError(f"reward kind {kind!r} names {found!r}, which is not a RewardPlugin class")
+    return found
+
+
+ConfigT = TypeVar("ConfigT")
+
+
+def parse_options(config_type: type[ConfigT], options: dict[str, JsonValue], where: str) -> ConfigT:
+    """``options`` merged over the defaults of ``config_type``; an unknown or ill-typed option is a
+    :class:`RewardError` naming it (``where`` says which plugin, for the message)."""
+    if not dataclasses.is_dataclass(config_type):
+        raise RewardError(f"{where}: config_type {config_type!r} must be a dataclass")
+    base = OmegaConf.structured(config_type)
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.create(dict(options)))
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except (ConfigKeyError, ConfigAttributeError) as error:
+        key = getattr(error, "full_key", None) or getattr(error, "key", None) or "?"
+        known = ", ".join(f.name for f in dataclasses.fields(config_type)) or "none"
+        raise RewardError(f"{where}: unknown option '{key}'; the options are: {known}") from None
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "?"
+        reason = str(getattr(error, "msg", error)).splitlines()[0]
+        raise RewardError(f"{where}: bad value for option '{key}': {reason}") from None
+    except (ValueError, TypeError) as error:  # the dataclass's own checks (__post_init__)
+        raise RewardError(f"{where}: {error}") from None
+
+
+def build_reward(spec: RewardSpec) -> RewardPlugin:
+    """Build the plugin ``spec`` describes, in this process."""
+    cls = resolve_reward(spec.kind)
+    config = parse_options(cls.config_type, spec.options, f"reward {spec.kind!r}")
+    unknown = sorted(name for name in cls.writes if not _is_reward_field(name))
+    if unknown:
+        raise RewardError(f"reward {spec.kind!r} declares writes {unknown}; plugins may write only "
+                          f"trajectory.{{{', '.join(sorted(TRAJECTORY_FIELDS))}}} and "
+                          f"turn.{{{', '.join(sorted(TURN_FIELDS))}}}")
+    return cls(config)  # type: ignore[call-arg]
+
+
+def _is_reward_field(name: str) -> bool:
+    scope, _, field_name = name.partition(".")
+    return (scope == "trajectory" and field_name in TRAJECTORY_FIELDS) or \
+        (scope == "turn" and field_name in TURN_FIELDS)
+
+
+def last_turn(trajectory: Trajectory) -> Turn | None:
+    """The trajectory's final turn (across segments), or None for an episode with no turn."""
+    for segment in reversed(trajectory.segments):
+        if segment.turns:
+            return segment.turns[-1]
+    return None

@@ -1,0 +1,575 @@
+"""Clue-based step scores (ALGORITHMS.md §6, ABSeeker's ABC): which turns made progress on the facts
+a solution must establish.
+
+Three parts:
+
+- **Clue recovery** (:class:`ClueRecoverer`): for a task that ships no clues, an LLM works backwards
+  from the question and its verified answer with the project's own search/visit tools (a ReAct loop
+  in the agent protocol of §1) and returns the clues as JSON. Once per question: recovered sets are
+  cached in memory and, when ``cache_path`` is set, in a JSONL file that later runs reuse. Tasks that
+  carry clues (the synthetic world's chains, HotpotQA's supporting facts) skip it.
+- **Step judges** label each turn with events: :func:`heuristic_events` matches clue strings in the
+  turn's text and observation; :class:`LlmStepJudge` asks an OpenAI-compatible endpoint for JSON
+  labels per turn. Events are strings ``kind`` or ``kind:detail`` (``clue_found:hop2``).
+- **Scores**: ``r_t = clip(1 + Σ event values, 0, 2)`` (:func:`step_score`), written with the events
+  to ``turn.step_score`` and ``turn.events`` by the ``clue_steps`` plugin (:class:`ClueSteps`).
+
+The ABC-SFT weight ``w(r)`` and the ABC-GRPO advantages are the learner's (``learner/credit``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from envs.answers import answer_matches, normalize_answer
+from envs.protocol import (
+    FINAL_ANSWER_INSTRUCTION,
+    TurnKind,
+    parse_turn,
+    render_correction,
+    render_tool_response,
+)
+from envs.tasks import Clue, Task
+from envs.tools.base import JsonValue
+from envs.tools.toolbox import Toolbox
+from envs.toolset import ToolsConfig, build_toolbox
+from rewards.base import RewardPlugin
+from rewards.judge import ChatClient, ChatClientConfig, ChatMessage
+from rollout.trajectory import Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+ROLES = ("bridge", "constraint", "answer")
+
+# ---- events and scores -------------------------------------------------------------------------
+
+CLUE_FOUND = "clue_found"  # +0.8, first discovery of a clue
+CLUE_VERIFIED = "clue_verified"  # +0.8, the clue read on one of its evidence pages
+CANDIDATE_EXCLUDED = "candidate_excluded"  # +0.4, a wrong candidate ruled out
+CLUE_DISCARDED = "clue_discarded"  # -0.8, a correct clue ruled out
+ANSWER_CORRECT = "answer_correct"  # +1.0
+ANSWER_WRONG = "answer_wrong"  # -1.0; an unanswered trajectory's last turn too
+JUDGE_UNPARSEABLE = "judge_unparseable"  # the judge's reply could not be read: score 1.0
+
+EVENT_VALUES: dict[str, float] = {
+    CLUE_FOUND: 0.8, CLUE_VERIFIED: 0.8, CANDIDATE_EXCLUDED: 0.4, CLUE_DISCARDED: -0.8,
+    ANSWER_CORRECT: 1.0, ANSWER_WRONG: -1.0, JUDGE_UNPARSEABLE: 0.0,
+}
+
+
+def event_value(event: str) -> float:
+    kind = event.partition(":")[0]
+    if kind not in EVENT_VALUES:
+        raise ValueError(f"unknown step event {event!r}; events are {sorted(EVENT_VALUES)}")
+    return EVENT_VALUES[kind]
+
+
+def step_score(events: Sequence[str]) -> float:
+    """``clip(1 + Σ values, 0, 2)``: 1 is a neutral step."""
+    return min(max(1.0 + sum(event_value(event) for event in events), 0.0), 2.0)
+
+
+def answer_event(trajectory: Trajectory, task: Task) -> str:
+    """The last turn's answer event; an unanswered trajectory counts as a wrong answer."""
+    correct = trajectory.answered and answer_matches(trajectory.answer, task.answers)
+    return ANSWER_CORRECT if correct else ANSWER_WRONG
+
+
+# ---- the heuristic judge -----------------------------------------------------------------------
+
+_STOPWORDS = frozenset({"of", "in", "on", "at", "by", "for", "to", "and", "or", "is", "was", "has",
+                        "had", "its", "it", "with", "from", "as"})
+_DISMISS_BEFORE = re.compile(
+    r"\b(?:rul(?:e|es|ed|ing)\s+out|exclud(?:e|es|ed|ing)|eliminat(?:e|es|ed|ing)|"
+    r"discard(?:s|ed|ing)?|reject(?:s|ed|ing)?)\s+(?P<x>[^.;,\n]{1,80})", re.IGNORECASE)
+_DISMISS_AFTER = re.compile(
+    r"(?P<x>[^.;,\n]{1,80}?)\s+(?:is|was)\s+(?:(?:not|n't)\s+(?:the\s+)?(?:answer|correct|right|"
+    r"a\s+match|the\s+one)|wrong|incorrect|ruled\s+out|excluded|eliminated)\b", re.IGNORECASE)
+
+
+_TAG = re.compile(r"</?[a-z_]+>")
+
+
+def _padded(text: str) -> str:
+    return f" {normalize_answer(text)} "
+
+
+def _words(text: str) -> set[str]:
+    return set(normalize_answer(text).split())
+
+
+@dataclass(frozen=True)
+class ClueMatcher:
+    """When a text establishes a clue: every anchor word and at least one key appear in it.
+
+    For a clue written ``"<subject and relation>: <value>"`` the keys are the value and the aliases
+    that are not just the subject again (``"Born of Ada Varn: 1931"`` with alias ``"Ada Varn"`` is
+    shown by ``1931`` next to ``born``, ``ada``, ``varn``, not by her name alone); the anchors are the
+    content words left of the colon. A clue without a colon is keyed by its aliases and anchored by
+    its other words.
+    """
+
+    keys: tuple[str, ...]  # normalised
+    anchors: frozenset[str]
+
+    @classmethod
+    def of(cls, clue: Clue) -> ClueMatcher:
+        left, colon, value = clue.text.rpartition(":")
+        subject = left if colon else clue.text
+        anchors = _words(subject) - _STOPWORDS
+        keys = [normalize_answer(value)] if colon and normalize_answer(value) else []
+        keys += [normalize_answer(alias) for alias in clue.aliases
+                 if normalize_answer(alias) and not _words(alias) <= anchors]
+        if not keys and not colon and clue.aliases:
+            keys = [normalize_answer(alias) for alias in clue.aliases if normalize_answer(alias)]
+        key_words = set().union(*(set(key.split()) for key in keys)) if keys else set()
+        return cls(tuple(dict.fromkeys(keys)), frozenset(anchors - key_words))
+
+    def matches(self, padded: str) -> bool:
+        """``padded`` is ``_padded(text)``: normalised, with a space at each end."""
+        if not all(f" {word} " in padded for word in self.anchors):
+            return False
+        return not self.keys or any(f" {key} " in padded for key in self.keys)
+
+    def mentioned(self, padded: str) -> bool:
+        """A key of the clue appears (the model names the clue's value)."""
+        return any(f" {key} " in padded for key in self.keys)
+
+
+def model_text(turn: Turn) -> str:
+    """What the model wrote, less its final answer (answers are scored by their own event)."""
+    text = turn.response_text
+    start = text.find("<answer>")
+    text = text[:start] if start != -1 else text
+    return _TAG.sub("\n", text)  # a tag ends a phrase: "<think>Bo Lund" is about "Bo Lund"
+
+
+def visited_urls(turn: Turn) -> set[str]:
+    if turn.tool != "visit" or turn.arguments is None:
+        return set()
+    url = turn.arguments.get("url")
+    urls = url if isinstance(url, list) else [url]
+    return {u.rstrip("/") for u in urls if isinstance(u, str)}
+
+
+def heuristic_events(trajectory: Trajectory, task: Task, clues: Sequence[Clue]) -> list[list[str]]:
+    """Events per turn, from clue strings matched in each turn's text and observation.
+
+    A clue is *found* the first time it is matched in a turn's text or observation and *verified* the
+    first time it is matched in the observation of a visit to one of its evidence pages (a first
+    discovery on an evidence page is one ``clue_verified`` event). A phrase the model dismisses
+    ("rules out X", "X is not the answer") is a wrongly discarded clue when it names a clue's value or
+    a gold answer, else an excluded wrong candidate (each candidate once).
+    """
+    matchers = [(clue, ClueMatcher.of(clue)) for clue in clues]
+    answer_clue = next((clue.id for clue in clues if clue.role == "answer"), "answer")
+    gold = [_padded(answer) for answer in task.answers]
+    found: set[str] = set()
+    verified: set[str] = set()
+    excluded: set[str] = set()
+    turns = trajectory.turns
+    events_T: list[list[str]] = []
+    for turn in turns:
+        events: list[str] = []
+        written = model_text(turn)
+        seen = _padded(f"{written}\n{turn.observation_text}")
+        observed = _padded(turn.observation_text)
+        evidence_visit = visited_urls(turn)
+        for clue, matcher in matchers:
+            on_evidence = bool(evidence_visit & {u.rstrip("/") for u in clue.evidence_urls})
+            if clue.id not in verified and on_evidence and matcher.matches(observed):
+                events.append(f"{CLUE_VERIFIED}:{clue.id}")
+                verified.add(clue.id)
+                found.add(clue.id)
+            elif clue.id not in found and matcher.matches(seen):
+                events.append(f"{CLUE_FOUND}:{clue.id}")
+                found.add(clue.id)
+        for phrase in _dismissed(written):
+            padded = _padded(phrase)
+            hit = [clue.id for clue, matcher in matchers if matcher.mentioned(padded)]
+            if not hit and any(answer.strip() and answer in padded for answer in gold):
+                hit = [answer_clue]
+            if hit:
+                events.extend(f"{CLUE_DISCARDED}:{clue_id}" for clue_id in dict.fromkeys(hit))
+            elif padded.strip() and padded.strip() not in excluded:
+                excluded.add(padded.strip())
+                events.append(f"{CANDIDATE_EXCLUDED}:{padded.strip()}")
+        events_T.append(events)
+    if events_T:
+        events_T[-1].append(answer_event(trajectory, task))
+    return events_T
+
+
+def _dismissed(text: str) -> list[str]:
+    phrases = [match["x"] for match in _DISMISS_BEFORE.finditer(text)]
+    phrases += [match["x"] for match in _DISMISS_AFTER.finditer(text)]
+    return [phrase.strip() for phrase in phrases if phrase.strip()]
+
+
+# ---- the LLM judge -----------------------------------------------------------------------------
+
+STEP_JUDGE_PROMPT = """You audit the steps of a research agent against the clues any correct \
+solution must establish.
+
+Question: {question}
+Verified answer: {answer}
+
+Clues (id, role, fact):
+{clues}
+
+For each step below, list what the step did, using only these event types:
+- clue_found: the step discovered a clue (by reading it in a tool result or stating it); give its id
+- clue_verified: the step explicitly checked a clue on an evidence page; give its id
+- candidate_excluded: the step correctly ruled out a wrong candidate; give the candidate
+- clue_discarded: the step wrongly ruled out a correct clue; give its id
+A step may have no events. Do not judge the final answer.
+
+Steps:
+{steps}
+
+Reply with JSON only:
+{{"turns": [{{"turn": <step number>, "events": [{{"type": "clue_found", "clue": "<id>"}}, \
+{{"type": "candidate_excluded", "candidate": "<name>"}}]}}]}}"""
+
+_LLM_EVENTS = (CLUE_FOUND, CLUE_VERIFIED, CANDIDATE_EXCLUDED, CLUE_DISCARDED)
+
+
+@dataclass
+class LlmStepJudgeConfig:
+    turns_per_call: int = 20  # long trajectories are judged in windows of this many turns
+    max_text_chars: int = 1500  # of each turn's own text shown to the judge
+    max_observation_chars: int = 3000
+
+
+class LlmStepJudge:
+    """Labels turns through an OpenAI-compatible endpoint. The code, not the judge, keeps each
+    clue's found/verified credit to its first occurrence and adds the answer event; turns whose
+    window got no readable reply score 1.0 (event ``judge_unparseable``)."""
+
+    def __init__(self, config: LlmStepJudgeConfig, client: ChatClient) -> None:
+        if config.turns_per_call < 1:
+            raise ValueError("llm.turns_per_call must be >= 1")
+        self.config = config
+        self.client = client
+
+    async def events(self, trajectory: Trajectory, task: Task, clues: Sequence[Clue]
+                     ) -> list[list[str]]:
+        turns = trajectory.turns
+        size = self.config.turns_per_call
+        windows = [turns[start:start + size] for start in range(0, len(turns), size)]
+        replies = await asyncio.gather(*(self.client.complete(self._messages(task, clues, window))
+                                         for window in windows))
+        ids = {clue.id for clue in clues}
+        credited: set[str] = set()
+        events_T: list[list[str]] = []
+        unreadable: set[int] = set()
+        for window, reply in zip(windows, replies, strict=True):
+            labels = parse_step_labels(reply, ids)
+            for turn in window:
+                if labels is None:
+                    unreadable.add(turn.index)
+                    events_T.append([JUDGE_UNPARSEABLE])
+                    continue
+                kept = []
+                for event in labels.get(turn.index, []):
+                    kind = event.partition(":")[0]
+                    if kind in (CLUE_FOUND, CLUE_VERIFIED):
+                        if event in credited:
+                            continue
+                        credited.add(event)
+                    kept.append(event)
+                events_T.append(kept)
+        if events_T and turns[-1].index not in unreadable:
+            events_T[-1].append(answer_event(trajectory, task))
+        return events_T
+
+    def _messages(self, task: Task, clues: Sequence[Clue], window: Sequence[Turn]) -> list[ChatMessage]:
+        clue_lines = "\n".join(f"- {clue.id} ({clue.role}): {clue.text}" for clue in clues) or "(none)"
+        steps = "\n\n".join(
+            f"Step {turn.index}:\n[agent] {_clip(model_text(turn), self.config.max_text_chars)}\n"
+            f"[tool result] {_clip(turn.observation_text, self.config.max_observation_chars)}"
+            for turn in window)
+        prompt = STEP_JUDGE_PROMPT.format(question=task.question, answer=task.answers[0] if
+                                          task.answers else "", clues=clue_lines, steps=steps)
+        return [ChatMessage("user", prompt)]
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def parse_step_labels(reply: str, clue_ids: set[str]) -> dict[int, list[str]] | None:
+    """``{turn index: events}`` from the judge's JSON; None when the reply holds no such JSON.
+    Unknown event types and clue ids are dropped (the judge cannot invent clues)."""
+    document = _json_object(reply)
+    if document is None or not isinstance(document.get("turns"), list):
+        return None
+    labels: dict[int, list[str]] = {}
+    for item in document["turns"]:
+        if not isinstance(item, dict) or isinstance(item.get("turn"), bool) \
+                or not isinstance(item.get("turn"), int) or not isinstance(item.get("events"), list):
+            continue
+        events = labels.setdefault(item["turn"], [])
+        for event in item["events"]:
+            if not isinstance(event, dict) or event.get("type") not in _LLM_EVENTS:
+                continue
+            if event["type"] == CANDIDATE_EXCLUDED:
+                candidate = normalize_answer(str(event.get("candidate", "")))
+                events.append(f"{CANDIDATE_EXCLUDED}:{candidate}" if candidate else CANDIDATE_EXCLUDED)
+            elif event.get("clue") in clue_ids:
+                events.append(f"{event['type']}:{event['clue']}")
+    return labels
+
+
+def _json_object(reply: str) -> dict[str, JsonValue] | None:
+    start, end = reply.find("{"), reply.rfind("}")
+    if start == -1 or end <= start:
+        return None
+    try:
+        value = json.loads(reply[start:end + 1])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# ---- clue recovery -----------------------------------------------------------------------------
+
+RECOVERY_PROMPT = """You reconstruct the evidence behind a research question whose answer is known. \
+Work backwards from the answer to the question's starting points with the tools, and find the pages \
+that establish every fact a correct solution needs.
+
+# Tools
+
+Call one function per message:
+<tools>
+{tools}
+</tools>
+
+Each message starts with your reasoning in <think></think>, then either a call
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>
+or, when you have the evidence, the clues as a JSON list inside <answer></answer>:
+[{{"id": "c1", "text": "<subject and relation>: <value>", "role": "bridge", \
+"evidence_urls": ["<url of a page stating it>"], "aliases": ["<other spellings of the value>"]}}]
+role is "bridge" (a fact linking the question to the next entity), "constraint" (a condition the \
+answer must meet) or "answer" (the fact that gives the answer). List the clues in solving order, \
+with the answer clue last."""
+
+
+class ClueRecoveryError(RuntimeError):
+    """No usable clue list came back within the turn limit."""
+
+
+@dataclass
+class ClueRecoveryConfig:
+    max_turns: int = 30  # assistant turns, the final clue list included
+    max_observation_chars: int = 8000
+    cache_path: str = ""  # JSONL of recovered clue sets, reused across runs; "" = memory only
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 2:
+            raise ValueError("recovery.max_turns must be >= 2 (one tool call and the clue list)")
+
+
+def clue_key(task: Task) -> str:
+    """Cache key of a question: its text and gold answers."""
+    material = json.dumps([task.question.strip(), list(task.answers)], ensure_ascii=False)
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+def parse_clues(text: str) -> tuple[Clue, ...]:
+    """Clues from the recovery model's JSON list; raises ValueError saying what to fix."""
+    start, end = text.find("["), text.rfind("]")
+    if start == -1 or end <= start:
+        raise ValueError("the answer must be a JSON list of clue objects")
+    try:
+        items = json.loads(text[start:end + 1])
+    except ValueError as error:
+        raise ValueError(f"the clue list is not valid JSON ({error})") from None
+    if not isinstance(items, list) or not items:
+        raise ValueError("the clue list is empty")
+    clues: list[Clue] = []
+    for number, item in enumerate(items, start=1):
+        if not isinstance(item, dict):
+            raise ValueError(f"clue {number} is not an object")  # noqa: TRY004 - bad model output, not a bug
+        statement = item.get("text")
+        role = item.get("role")
+        if not isinstance(statement, str) or not statement.strip():
+            raise ValueError(f"clue {number} needs a non-empty \"text\"")
+        if role not in ROLES:
+            raise ValueError(f"clue {number}: role must be one of {', '.join(ROLES)}")
+        urls = item.get("evidence_urls") or []
+        aliases = item.get("aliases") or []
+        if not all(isinstance(x, str) for x in [*urls, *aliases]):
+            raise ValueError(f"clue {number}: evidence_urls and aliases are lists of strings")
+        clue_id = str(item.get("id") or f"c{number}")
+        if any(clue.id == clue_id for clue in clues):
+            clue_id = f"{clue_id}-{number}"
+        clues.append(Clue(clue_id, statement.strip(), role, tuple(urls), tuple(aliases)))
+    return tuple(clues)
+
+
+def _clue_record(clue: Clue) -> dict[str, JsonValue]:
+    return {"id": clue.id, "text": clue.text, "role": clue.role,
+            "evidence_urls": list(clue.evidence_urls), "aliases": list(clue.aliases)}
+
+
+class ClueRecoverer:
+    """Recovers (and caches) the clues of tasks that ship none; see the module docstring."""
+
+    def __init__(self, config: ClueRecoveryConfig, client: ChatClient, toolbox: Toolbox) -> None:
+        self.config = config
+        self.client = client
+        self.toolbox = toolbox
+        self.recovered = 0  # LLM recoveries run by this object (cache misses)
+        self._cache: dict[str, tuple[Clue, ...]] | None = None
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def clues(self, task: Task) -> tuple[Clue, ...]:
+        """The task's own clues, else the cached recovery, else a new recovery (once per question,
+        however many trajectories ask at the same time)."""
+        if task.clues is not None:
+            return task.clues
+        key = clue_key(task)
+        cache = self._load_cache()
+        if key in cache:
+            return cache[key]
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            if key not in cache:
+                clues = await self.recover(task)
+                cache[key] = clues
+                self._append(key, task, clues)
+        return cache[key]
+
+    async def recover(self, task: Task) -> tuple[Clue, ...]:
+        """Run the ReAct loop; raises :class:`ClueRecoveryError` when no valid list comes back."""
+        if not task.answers:
+            raise ClueRecoveryError(f"task {task.id!r} has no verified answer to work back from")
+        self.recovered += 1
+        tools = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in self.toolbox.schemas())
+        messages = [ChatMessage("system", RECOVERY_PROMPT.format(tools=tools)),
+                    ChatMessage("user", f"Question: {task.question}\nVerified answer: "
+                                        f"{' / '.join(task.answers)}")]
+        for turn in range(self.config.max_turns):
+            reply = await self.client.complete(messages)
+            messages.append(ChatMessage("assistant", reply))
+            parsed = parse_turn(reply, require_think=False)
+            if parsed.kind is TurnKind.ANSWER and parsed.answer is not None:
+                try:
+                    return parse_clues(parsed.answer)
+                except ValueError as problem:
+                    observation = render_tool_response(f"The clue list could not be used: {problem}.")
+            elif parsed.kind is TurnKind.TOOL_CALL and parsed.tool is not None:
+                outcome = await self.toolbox.run(parsed.tool, parsed.arguments)
+                observation = render_tool_response(_clip(outcome.text,
+                                                          self.config.max_observation_chars))
+            else:
+                observation = render_correction(parsed.errors, self.toolbox.names)
+            if turn == self.config.max_turns - 2:
+                observation = f"{observation}\n\n{FINAL_ANSWER_INSTRUCTION} Give the clue list."
+            messages.append(ChatMessage("user", observation))
+        raise ClueRecoveryError(f"task {task.id!r}: no valid clue list after "
+                                f"{self.config.max_turns} turns")
+
+    def _load_cache(self) -> dict[str, tuple[Clue, ...]]:
+        if self._cache is None:
+            self._cache = {}
+            path = Path(self.config.cache_path) if self.config.cache_path else None
+            if path is not None and path.is_file():
+                for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                        self._cache[record["key"]] = parse_clues(json.dumps(record["clues"]))
+                    except (ValueError, KeyError, TypeError) as error:
+                        log.warning("%s:%d: skipping a clue cache entry (%s)", path, number, error)
+        return self._cache
+
+    def _append(self, key: str, task: Task, clues: tuple[Clue, ...]) -> None:
+        if not self.config.cache_path:
+            return
+        path = Path(self.config.cache_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"key": key, "task_id": task.id, "question": task.question,
+                  "clues": [_clue_record(clue) for clue in clues]}
+        with path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+# ---- the plugin --------------------------------------------------------------------------------
+
+@dataclass
+class ClueStepsConfig:
+    judge: str = "heuristic"  # "heuristic" | "llm"
+    client: ChatClientConfig = field(default_factory=ChatClientConfig)  # llm judge and recovery
+    llm: LlmStepJudgeConfig = field(default_factory=LlmStepJudgeConfig)
+    recovery: ClueRecoveryConfig = field(default_factory=ClueRecoveryConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)  # what recovery searches and visits
+
+    def __post_init__(self) -> None:
+        if self.judge not in ("heuristic", "llm"):
+            raise ValueError(f"clue_steps.judge={self.judge!r}: use 'heuristic' or 'llm'")
+
+
+class ClueSteps(RewardPlugin):
+    """Writes ``turn.events`` and ``turn.step_score`` for every turn (ALGORITHMS.md §6).
+
+    The client and the toolbox are built on first need (a task without clues, or the llm judge);
+    tests and the reward service may pass their own.
+    """
+
+    config_type = ClueStepsConfig
+    writes: ClassVar[frozenset[str]] = frozenset({"turn.events", "turn.step_score"})
+
+    def __init__(self, config: ClueStepsConfig, client: ChatClient | None = None,
+                 toolbox: Toolbox | None = None) -> None:
+        self.config = config
+        self._client = client
+        self._toolbox = toolbox
+        self._built: list[ChatClient | Toolbox] = []  # closed by aclose; the callers' are theirs
+        self._recoverer: ClueRecoverer | None = None
+
+    @property
+    def client(self) -> ChatClient:
+        if self._client is None:
+            self._client = ChatClient(self.config.client)
+            self._built.append(self._client)
+        return self._client
+
+    @property
+    def recoverer(self) -> ClueRecoverer:
+        if self._recoverer is None:
+            if self._toolbox is None:
+                self._toolbox = build_toolbox(self.config.tools)
+                self._built.append(self._toolbox)
+            self._recoverer = ClueRecoverer(self.config.recovery, self.client, self._toolbox)
+        return self._recoverer
+
+    async def clues(self, task: Task) -> tuple[Clue, ...]:
+        return task.clues if task.clues is not None else await self.recoverer.clues(task)
+
+    async def score(self, trajectory: Trajectory, task: Task) -> None:
+        clues = await self.clues(task)
+        if self.config.judge == "llm":
+            judge = LlmStepJudge(self.config.llm, self.client)
+            events_T = await judge.events(trajectory, task, clues)
+        else:
+            events_T = heuristic_events(trajectory, task, clues)
+        for turn, events in zip(trajectory.turns, events_T, strict=True):
+            turn.events = events
+            turn.step_score = step_score(events)
+
+    async def aclose(self) -> None:
+        built, self._built = self._built, []
+        for resource in built:
+            await resource.aclose()
