@@ -1,0 +1,42 @@
+"""Credit on rollout trajectories: records from turns, advantages back on turns, tokens broadcast."""
+
+from __future__ import annotations
+
+import pytest
+
+from learner.credit import build_estimator
+from learner.credit.rollout import assign_credit, response_mask, token_advantages
+from tests.test_trajectory import sample_trajectory
+
+
+def scored(uid: str, sample: int, outcome: float, v: list[float]):  # noqa: ANN201
+    trajectory = sample_trajectory(uid, sample)
+    trajectory.turns[0].tool = "visit"
+    trajectory.outcome = outcome
+    for turn, value in zip(trajectory.turns, v, strict=True):
+        turn.ig_value = value
+    return trajectory
+
+
+def test_igpo_credit_lands_on_turns_and_tokens() -> None:
+    batch = [scored("q", 0, 1.0, [-2.0, -1.0]), scored("q", 1, 0.0, [-2.0, -2.5]),
+             scored("r", 0, 1.0, [-1.0, -0.5]), scored("r", 1, 1.0, [-1.0, -0.4])]
+    result = assign_credit(batch, build_estimator("igpo"))
+    assert "ig_scale" in result.stats
+    assert batch[0].turns[0].ig == pytest.approx(1.0) and batch[1].turns[0].ig == pytest.approx(-0.5)
+    assert batch[0].turns[0].advantage > batch[1].turns[0].advantage
+    assert all(turn.advantage is not None for t in batch for turn in t.turns)
+    segment = batch[0].segments[0]
+    tokens, mask = token_advantages(segment), response_mask(segment)
+    assert len(tokens) == len(mask) == len(segment.flat_ids())
+    first, last = segment.turns
+    assert tokens == [0.0] * 4 + [first.advantage] * 3 + [0.0] * 2 + [last.advantage] * 2
+    assert mask == [0] * 4 + [1] * 3 + [0] * 2 + [1] * 2
+
+
+def test_missing_outcome_or_advantage_is_explained() -> None:
+    trajectory = sample_trajectory()
+    with pytest.raises(ValueError, match="no outcome yet"):
+        assign_credit([trajectory], build_estimator("grpo"))
+    with pytest.raises(ValueError, match="assign credit before"):
+        token_advantages(trajectory.segments[0])
