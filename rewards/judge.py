@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from envs.tools.base import JsonValue
+
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
@@ -196,3 +198,21 @@ class ChatClient:
         if self._http is not None:
             http, self._http = self._http, None
             await http.aclose()
+
+
+def clip_text(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, marked when cut (prompts stay bounded)."""
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def json_object_in(reply: str) -> dict[str, JsonValue] | None:
+    """The outermost JSON object in a model reply (prose or code fences around it are ignored);
+    None when there is none."""
+    start, end = reply.find("{"), reply.rfind("}")
+    if start == -1 or end <= start:
+        return None
+    try:
+        value = json.loads(reply[start:end + 1])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -20,17 +20,8 @@ from envs.tasks import Clue, Task
 from envs.tools.toolbox import Toolbox
 from envs.toolset import ToolsConfig, build_toolbox
 from rewards.base import RewardSpec, build_reward
-from rewards.clues import (
-    ClueMatcher,
-    ClueRecoverer,
-    ClueRecoveryConfig,
-    ClueRecoveryError,
-    ClueSteps,
-    ClueStepsConfig,
-    heuristic_events,
-    parse_clues,
-    step_score,
-)
+from rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig, ClueRecoveryError, parse_clues
+from rewards.clues import ClueMatcher, ClueSteps, ClueStepsConfig, heuristic_events, step_score
 from rewards.judge import ChatClient, ChatClientConfig
 from rollout.chat import ChatFormat
 from rollout.engines.scripted import ScriptedEngine
