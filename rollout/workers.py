@@ -92,6 +92,8 @@ class RolloutWorker:
         finally:
             self.router.release(affinity)
         trajectory.policy = self.spec.policy_name
+        if self.spec.corpus.base_url:  # where the pages were served: scoring finds clue urls by it
+            trajectory.metadata["corpus_url"] = self.spec.corpus.base_url
         self.episodes_done += 1
         return trajectory
 

@@ -1,0 +1,320 @@
+"""Information-gain values (ALGORITHMS.md §4) on real trajectories of the scripted expert.
+
+Trajectories come from the episode loop with the real search tool over the synthetic world and the
+in-memory visit tool of ``tests/test_episode.py``. The reference for every value is
+:class:`~rewards.ig_scoring.PerPrefixScorer` (a full forward per boundary); the KV-cached scorer and
+the engine scorers must equal it within 1e-4. The vLLM comparison is an integration test (one vLLM
+engine for the module): ``pytest -m integration tests/test_information_gain.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+import pytest
+import pytest_asyncio
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    PreTrainedModel,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from envs.search.tool import SearchConfig, SearchTool
+from envs.synthetic.questions import QuestionConfig, generate_tasks
+from envs.synthetic.render import world_documents
+from envs.synthetic.world import WorldConfig, generate_world
+from envs.tasks import Task
+from envs.tools.toolbox import Toolbox
+from rewards.ig_scoring import HFInformationGainScorer, PerPrefixScorer
+from rewards.information_gain import (
+    LEAD_TEXT,
+    TAIL_TEXT,
+    EngineGoldScorer,
+    GoldScorer,
+    PseudoResponse,
+    SegmentBoundaries,
+    information_gain_values,
+    pseudo_response,
+    segment_boundaries,
+)
+from rollout.chat import ChatFormat
+from rollout.engines.config import EngineConfig, VllmEngineConfig
+from rollout.engines.hf import HFEngine
+from rollout.engines.scripted import ScriptedEngine
+from rollout.engines.vllm import VllmEngine
+from rollout.model_store import ensure_default_model
+from rollout.trajectory import Segment, Trajectory
+from tests.test_episode import BASE, MemoryVisit, chain, episode, smallest_aggregate
+
+ATOL = 1e-4  # ALGORITHMS.md §4: equal to the naive per-prefix computation within 1e-4
+MAX_MODEL_LEN = 8192  # the longest trajectory here (a 3-hop mono chain) is about 4k tokens
+
+
+@pytest.fixture(scope="module")
+def chat() -> ChatFormat:
+    return ChatFormat.from_pretrained(ensure_default_model())
+
+
+@pytest.fixture(scope="module")
+def model() -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[Task]:
+    return generate_tasks(generate_world(WorldConfig(seed=0)), QuestionConfig(), BASE)
+
+
+@pytest.fixture(scope="module")
+def toolbox() -> Toolbox:
+    documents = world_documents(generate_world(WorldConfig(seed=0)), BASE)
+    return Toolbox([SearchTool.from_config(SearchConfig(), documents), MemoryVisit(documents)])
+
+
+@pytest_asyncio.fixture(scope="module")
+async def trajectories(chat: ChatFormat, tasks: list[Task], toolbox: Toolbox) -> dict[str, Trajectory]:
+    """One trajectory per context manager; discard_all answers an aggregation question in a small
+    budget, so its history is discarded several times."""
+    return {
+        "mono": await episode(chain(tasks), ScriptedEngine(chat, tasks=tasks), toolbox, chat),
+        "iter_research": await episode(chain(tasks, hops=4),
+                                       ScriptedEngine(chat, tasks=tasks, report=True), toolbox,
+                                       chat, kind="iter_research"),
+        "discard_all": await episode(smallest_aggregate(tasks), ScriptedEngine(chat, tasks=tasks),
+                                     toolbox, chat, kind="discard_all", context_budget=3000,
+                                     max_new_tokens=256, max_turns=24),
+    }
+
+
+@pytest.fixture(scope="module")
+def mono(trajectories: dict[str, Trajectory]) -> Trajectory:
+    return trajectories["mono"]
+
+
+def boundaries(trajectory: Trajectory, chat: ChatFormat) -> list[SegmentBoundaries]:
+    grouped = segment_boundaries(trajectory, chat, trajectory.answers[0])
+    assert grouped is not None
+    return grouped
+
+
+def worst_gap(left: Sequence[Sequence[float]], right: Sequence[Sequence[float]]) -> float:
+    assert [len(row) for row in left] == [len(row) for row in right]
+    return max(abs(a - b) for l_row, r_row in zip(left, right) for a, b in zip(l_row, r_row))
+
+
+class CountingScorer:
+    """Wraps a scorer and counts its calls (to show a disabled trajectory is never scored)."""
+
+    def __init__(self, inner: GoldScorer) -> None:
+        self.inner, self.calls = inner, 0
+
+    async def gold_logprobs(self, segments: Sequence[SegmentBoundaries]) -> list[list[float]]:
+        self.calls += 1
+        return await self.inner.gold_logprobs(segments)
+
+
+class TokenCounter:
+    """Counts the input ids of every forward of a model (a forward pre-hook)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.tokens = 0
+        self.handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module: torch.nn.Module, args: tuple[object, ...],
+               kwargs: dict[str, object]) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        assert isinstance(ids, torch.Tensor)
+        self.tokens += ids.numel()
+
+
+# ---- the values ----------------------------------------------------------------------------------
+
+async def test_cached_values_equal_per_prefix_on_a_real_trajectory(
+        mono: Trajectory, chat: ChatFormat, model: PreTrainedModel) -> None:
+    assert len(mono.segments) == 1 and len(mono.turns) >= 7
+    values = await information_gain_values(mono, chat, HFInformationGainScorer(model))
+    assert values is not None and len(values) == len(mono.turns)
+    assert [turn.ig_value for turn in mono.turns] == values
+    assert all(value < 0 for value in values)
+    grouped = boundaries(mono, chat)
+    cached = await HFInformationGainScorer(model).gold_logprobs(grouped)
+    naive = await PerPrefixScorer(model).gold_logprobs(grouped)
+    assert worst_gap(cached, naive) <= ATOL
+    gold_len = len(chat.encode(mono.answers[0]))
+    assert all(len(row) == gold_len for row in cached)
+    for value, row in zip(values, naive):  # v_s is the mean over the gold tokens only
+        assert value == pytest.approx(sum(row) / len(row), abs=ATOL)
+
+
+@pytest.mark.parametrize("kind", ["iter_research", "discard_all"])
+async def test_each_boundary_uses_its_own_segments_context(
+        kind: str, trajectories: dict[str, Trajectory], chat: ChatFormat,
+        model: PreTrainedModel) -> None:
+    trajectory = trajectories[kind]
+    assert len(trajectory.segments) >= 3, [len(s.turns) for s in trajectory.segments]
+    grouped = boundaries(trajectory, chat)
+    assert [len(g.prefix_lens) for g in grouped] == [len(s.turns) for s in trajectory.segments]
+    for segment, group in zip(trajectory.segments, grouped):
+        flat = segment.flat_ids()
+        for boundary, turn in enumerate(segment.turns):
+            sequence = group.sequence(boundary)
+            assert sequence[:turn.context_len] == flat[:turn.context_len]
+            assert group.turns[boundary] == turn.index
+        assert group.sequence(0)[:group.prefix_lens[0]] == segment.prompt_ids
+    cached = await HFInformationGainScorer(model).gold_logprobs(grouped)
+    naive = await PerPrefixScorer(model).gold_logprobs(grouped)
+    assert worst_gap(cached, naive) <= ATOL
+    values = await information_gain_values(trajectory, chat, HFInformationGainScorer(model))
+    assert values is not None and values == [turn.ig_value for turn in trajectory.turns]
+
+
+async def test_v0_is_the_question_only_baseline(mono: Trajectory, chat: ChatFormat,
+                                                model: PreTrainedModel) -> None:
+    prompt = mono.segments[0].prompt_ids
+    gold = chat.encode(mono.answers[0])
+    lead = chat.encode("<think>\n" + LEAD_TEXT)
+    sequence = [*prompt, *lead, *gold, *chat.encode(TAIL_TEXT), chat.turn_end_id]
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([sequence])).logits[0]
+    logprobs = torch.log_softmax(logits, dim=-1)
+    start = len(prompt) + len(lead)
+    expected = sum(float(logprobs[start + i - 1, token]) for i, token in enumerate(gold)) / len(gold)
+    values = await information_gain_values(mono, chat, HFInformationGainScorer(model))
+    assert values is not None and values[0] == pytest.approx(expected, abs=ATOL)
+    # the later turns do not move it: the first turn alone gives the same v_0
+    first_only = replace(mono, segments=[Segment(prompt_ids=list(prompt),
+                                                 turns=[replace(mono.turns[0])])])
+    alone = await information_gain_values(first_only, chat, HFInformationGainScorer(model))
+    assert alone == [pytest.approx(values[0], abs=ATOL)]
+
+
+def test_pseudo_response_reads_as_the_start_of_the_policys_turn(mono: Trajectory,
+                                                                 chat: ChatFormat) -> None:
+    (group,) = boundaries(mono, chat)
+    gold = mono.answers[0]
+    start, end = group.gold_span(2)
+    sequence = group.sequence(2)
+    assert chat.decode(sequence[start:end]) == gold
+    appended = chat.decode(sequence[group.prefix_lens[2]:])
+    assert chat.decode(sequence[:group.prefix_lens[2]]).endswith("<|im_start|>assistant\n")
+    assert appended == f"<think>\n{LEAD_TEXT}{gold}{TAIL_TEXT}<|im_end|>"
+    # a template whose generation prompt opens the think block: the lead starts inside it
+    thinking = Trajectory(uid="u", sample=0, task_id="t", question="q", answers=[gold],
+                          segments=[replace(mono.segments[0], prompt_ids=[
+                              *mono.segments[0].prompt_ids, *chat.encode("<think>\n")],
+                              turns=[replace(mono.turns[0], context_len=len(
+                                  mono.segments[0].prompt_ids) + 2)])])
+    (opened,) = boundaries(thinking, chat)
+    assert chat.decode(opened.sequence(0)[opened.prefix_lens[0]:]) == \
+        f"{LEAD_TEXT}{gold}{TAIL_TEXT}<|im_end|>"
+    assert pseudo_response(chat, "  ", think_open=False) is None
+
+
+@pytest.mark.parametrize("answers", [[""], ["  \n "], []])
+async def test_a_gold_answer_without_tokens_disables_ig(
+        answers: list[str], mono: Trajectory, chat: ChatFormat, model: PreTrainedModel,
+        caplog: pytest.LogCaptureFixture) -> None:
+    trajectory = replace(mono, answers=answers, segments=[
+        replace(segment, turns=[replace(turn, ig_value=-1.0) for turn in segment.turns])
+        for segment in mono.segments])
+    scorer = CountingScorer(HFInformationGainScorer(model))
+    with caplog.at_level(logging.WARNING, logger="rewards.information_gain"):
+        assert await information_gain_values(trajectory, chat, scorer) is None
+    assert scorer.calls == 0
+    assert all(turn.ig_value is None for turn in trajectory.turns)
+    assert "no tokens" in caplog.text and "outcome reward only" in caplog.text
+
+
+async def test_inconsistent_context_len_is_rejected(mono: Trajectory, chat: ChatFormat) -> None:
+    broken = replace(mono, segments=[replace(mono.segments[0], turns=[
+        *mono.turns[:3], replace(mono.turns[3], context_len=mono.turns[3].context_len + 1),
+        *mono.turns[4:]])])
+    with pytest.raises(ValueError, match="turn 3 records context_len"):
+        segment_boundaries(broken, chat, "x")
+
+
+# ---- the cost ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["mono", "discard_all"])
+def test_cost_is_linear_in_tokens_forwarded(kind: str, trajectories: dict[str, Trajectory],
+                                            chat: ChatFormat, model: PreTrainedModel) -> None:
+    trajectory = trajectories[kind]
+    grouped = boundaries(trajectory, chat)
+    length = sum(len(group.context_ids) for group in grouped)  # L: the contexts, each once
+    assert length <= sum(len(segment) for segment in trajectory.segments)
+    pseudo_len = max(len(p.ids) for group in grouped for p in group.pseudo)  # R
+    turns = len(trajectory.turns)  # T
+    counter = TokenCounter(model)
+    try:
+        HFInformationGainScorer(model).gold_logprobs_now(grouped)
+        cached = counter.tokens
+        counter.tokens = 0
+        PerPrefixScorer(model).gold_logprobs_now(grouped)
+        naive = counter.tokens
+    finally:
+        counter.handle.remove()
+    assert cached <= length + turns * pseudo_len
+    assert naive == sum(len(group.sequence(b)) for group in grouped
+                        for b in range(len(group.prefix_lens)))
+    if kind == "mono":
+        assert naive > 3 * cached  # Σ prefixes ~ T·L/2 against L + T·R
+
+
+def test_a_cache_that_cannot_be_cut_back_is_refused() -> None:
+    config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    torch.manual_seed(0)
+    windowed = Qwen3ForCausalLM(config)
+    group = boundaries_of_ids(list(range(3, 20)), prefixes=(6, 17))
+    with pytest.raises(ValueError, match="PerPrefixScorer"):
+        HFInformationGainScorer(windowed).gold_logprobs_now([group])
+
+
+def boundaries_of_ids(context: list[int], prefixes: tuple[int, ...]) -> SegmentBoundaries:
+    pseudo = PseudoResponse(ids=(30, 31, 32, 33), gold_start=1, gold_end=3)
+    return SegmentBoundaries(context_ids=tuple(context[:max(prefixes)]), prefix_lens=prefixes,
+                             pseudo=(pseudo,) * len(prefixes), turns=tuple(range(len(prefixes))))
+
+
+# ---- engine paths --------------------------------------------------------------------------------
+
+async def test_engine_scorer_on_the_hf_engine_agrees(mono: Trajectory, chat: ChatFormat,
+                                                     model: PreTrainedModel) -> None:
+    engine = HFEngine(model, EngineConfig(kind="hf", model="", dtype="float32",
+                                          max_model_len=MAX_MODEL_LEN))
+    grouped = boundaries(mono, chat)
+    through_engine = await EngineGoldScorer(engine).gold_logprobs(grouped)
+    cached = await HFInformationGainScorer(model).gold_logprobs(grouped)
+    assert worst_gap(through_engine, cached) <= ATOL
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def vllm_engine() -> AsyncIterator[VllmEngine]:
+    engine = VllmEngine.from_config(EngineConfig(
+        kind="vllm", model="", dtype="float32", seed=0, max_model_len=MAX_MODEL_LEN,
+        vllm=VllmEngineConfig(kv_cache_memory_bytes=128 << 20, max_num_seqs=32)))
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_vllm_and_hf_paths_agree(vllm_engine: VllmEngine,
+                                       trajectories: dict[str, Trajectory], chat: ChatFormat,
+                                       model: PreTrainedModel) -> None:
+    for trajectory in trajectories.values():
+        grouped = boundaries(trajectory, chat)
+        through_vllm = await EngineGoldScorer(vllm_engine).gold_logprobs(grouped)
+        cached = await HFInformationGainScorer(model).gold_logprobs(grouped)
+        assert worst_gap(through_vllm, cached) <= ATOL
+        on_vllm = await information_gain_values(trajectory, chat, EngineGoldScorer(vllm_engine))
+        on_hf = await information_gain_values(trajectory, chat, HFInformationGainScorer(model))
+        assert on_vllm == pytest.approx(on_hf, abs=ATOL)
