@@ -130,7 +130,8 @@ class SearchBrowseEnv(Env):
             question = f"{question}\n\n{FINAL_ANSWER_INSTRUCTION}"
         return [
             {"role": "system",
-             "content": system_prompt(self.toolbox.schemas(), self.config.today or None)},
+             "content": system_prompt(self.toolbox.schemas(), self.config.today or None,
+                                      report=self.config.expect_report)},
             {"role": "user", "content": question},
         ]
 

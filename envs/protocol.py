@@ -226,8 +226,18 @@ def render_answer(answer: str, think: str, report: str | None = None) -> str:
     return f"{THINK_OPEN}\n{think}\n{THINK_CLOSE}{middle}\n{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
 
 
-def system_prompt(tool_schemas: Sequence[JsonObject], today: str | None = None) -> str:
-    """The system prompt: the role, the tools as JSON schemas, and the turn format."""
+REPORT_INSTRUCTION = (
+    "\n\nAfter </think>, write your research report in <report></report> before the tool call or "
+    "the answer: everything you have established so far and what remains open. Each report replaces "
+    "the previous one, and it is all you will see of your earlier work besides the last tool call "
+    "and its result."
+)
+
+
+def system_prompt(tool_schemas: Sequence[JsonObject], today: str | None = None,
+                  report: bool = False) -> str:
+    """The system prompt: the role, the tools as JSON schemas, and the turn format (with the
+    ``<report>`` block of iter_research when ``report``)."""
     tools = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in tool_schemas)
     date = f"\n\nCurrent date: {today}" if today else ""
     return (
@@ -238,5 +248,5 @@ def system_prompt(tool_schemas: Sequence[JsonObject], today: str | None = None) 
         "Each message starts with your reasoning in <think></think>. Then call a tool with "
         "<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call> "
         "or, when you know the answer, give it in <answer></answer>. Tool results come back inside "
-        f"<tool_response></tool_response>.{date}"
+        f"<tool_response></tool_response>.{REPORT_INSTRUCTION if report else ''}{date}"
     )

@@ -32,6 +32,9 @@ async def test_reset_gives_system_and_question() -> None:
     messages = await env.reset()
     assert [m["role"] for m in messages] == ["system", "user"]
     assert '"name": "search"' in messages[0]["content"] and messages[1]["content"] == "Who?"
+    assert "<report>" not in messages[0]["content"]
+    report_env = make_env(EnvConfig(expect_report=True))
+    assert "<report></report>" in (await report_env.reset())[0]["content"]
 
 
 async def test_tool_turn_then_answer() -> None:
