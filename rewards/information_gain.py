@@ -26,10 +26,11 @@ Scorers (:class:`GoldScorer`) compute the gold log-probs of every boundary of a 
 - :class:`rewards.ig_scoring.HFInformationGainScorer`: transformers, one forward over each segment's
   context and its KV cache reused for every boundary — ``O(L + T·R)`` token forwards.
 - :class:`EngineGoldScorer`: any :class:`~rollout.engines.base.PolicyEngine` (the vLLM path): one
-  ``score`` request per boundary (context prefix + pseudo-response). vLLM 0.32 does not read its
-  prefix cache for requests that ask for prompt log-probs (``SamplingParams`` sets
-  ``skip_reading_prefix_cache`` whenever ``prompt_logprobs`` is set), so each request forwards its
-  whole prefix: ``O(T·L)`` tokens on vLLM, CPU or GPU, however the cache is configured.
+  ``score`` request per boundary (context prefix + pseudo-response), the longest first so that the
+  others find the segment's context in vLLM's prefix cache. vLLM 0.32 turns the cache off for
+  prompt log-prob requests by default; ``VllmEngine.score`` turns it back on and reruns a request in
+  full when its cached prefix reaches the scored span, so the vLLM path forwards about
+  ``O(L + T·R)`` tokens too.
 
 Run it: ``await information_gain_values(trajectory, chat, HFInformationGainScorer(model))``.
 """
@@ -199,22 +200,27 @@ async def information_gain_values(trajectory: Trajectory, chat: ChatFormat,
 class EngineGoldScorer:
     """Scores through :meth:`PolicyEngine.score`: one sequence per boundary (context + pseudo).
 
-    Works with every engine; on vLLM it is the only way to teacher-force, and it costs a full
-    forward per boundary (``O(T·L)``: vLLM skips its prefix cache for prompt log-probs, see the
-    module docstring). All boundaries go in one call so vLLM runs them concurrently.
+    Works with every engine. Per segment, the last boundary (the longest prefix) is scored first,
+    alone, and the others after it, concurrently: an engine with a prefix cache (vLLM) has the
+    segment's context cached by then and forwards only each boundary's pseudo-response, about
+    ``O(L + T·R)`` tokens in all (cached in blocks, so up to one block more per boundary).
     """
 
     def __init__(self, engine: PolicyEngine) -> None:
         self.engine = engine
 
     async def gold_logprobs(self, segments: Sequence[SegmentBoundaries]) -> list[list[float]]:
-        sequences: list[list[int]] = []
-        spans: list[tuple[int, int]] = []
+        results: list[list[float]] = []
         for segment in segments:
-            for boundary in range(len(segment.prefix_lens)):
-                sequences.append(segment.sequence(boundary))
-                spans.append(segment.gold_span(boundary))
-        return await self.engine.score(sequences, spans)
+            count = len(segment.prefix_lens)
+            order = sorted(range(count), key=lambda b: segment.prefix_lens[b], reverse=True)
+            longest = order[0]
+            [first] = await self.engine.score([segment.sequence(longest)], [segment.gold_span(longest)])
+            rest = await self.engine.score([segment.sequence(b) for b in order[1:]],
+                                           [segment.gold_span(b) for b in order[1:]])
+            by_boundary = dict(zip(order, [first, *rest], strict=True))
+            results.extend(by_boundary[b] for b in range(count))
+        return results
 
 
 def _think_is_open(chat: ChatFormat, context_tail: Sequence[int]) -> bool:

@@ -318,3 +318,19 @@ async def test_vllm_and_hf_paths_agree(vllm_engine: VllmEngine,
         on_vllm = await information_gain_values(trajectory, chat, EngineGoldScorer(vllm_engine))
         on_hf = await information_gain_values(trajectory, chat, HFInformationGainScorer(model))
         assert on_vllm == pytest.approx(on_hf, abs=ATOL)
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_vllm_path_reads_the_segment_context_from_the_prefix_cache(
+        vllm_engine: VllmEngine, trajectories: dict[str, Trajectory], chat: ChatFormat,
+        model: PreTrainedModel) -> None:
+    grouped = boundaries(trajectories["mono"], chat)
+    before = vllm_engine.reused_prompt_tokens
+    through_vllm = await EngineGoldScorer(vllm_engine).gold_logprobs(grouped)
+    reused = vllm_engine.reused_prompt_tokens - before
+    assert worst_gap(through_vllm, await HFInformationGainScorer(model).gold_logprobs(grouped)) <= ATOL
+    block = 128  # the most a boundary can miss: its prefix is cached in whole blocks
+    shorter = [length for segment in grouped for length in sorted(segment.prefix_lens)[:-1]]
+    assert len(shorter) >= 5
+    assert reused >= sum(max(length - block, 0) for length in shorter)

@@ -86,6 +86,7 @@ class VllmEngine:
         self._update_lock = asyncio.Lock()
         self._version = 0
         self._in_flight: set[str] = set()
+        self.reused_prompt_tokens = 0  # prompt tokens score() read from the prefix cache
         self._closed = False
         self.startup_seconds: float | None = None
 
@@ -194,8 +195,11 @@ class VllmEngine:
                     spans: Sequence[tuple[int, int]]) -> list[list[float]]:
         """Teacher-forced log-probs of ``sequence[start:end]``, all sequences concurrently.
 
-        Each sequence is one full forward pass: vLLM does not read the prefix cache for requests
-        that ask for prompt log-probs.
+        Requests read vLLM's prefix cache: vLLM switches that off for prompt log-probs by default,
+        because it computes no logits for cached positions; so a request whose cached prefix
+        reaches its span is run again without the cache. Scoring many sequences that share a
+        context (information gain) then forwards the shared part once, if that context was run
+        before (``reused_prompt_tokens`` counts what the cache saved).
         """
         if len(sequences) != len(spans):
             raise ValueError(f"score() got {len(sequences)} sequences but {len(spans)} spans")
@@ -207,8 +211,8 @@ class VllmEngine:
         if not sequences:
             return []
         llm = await self._engine()
-        outputs = await asyncio.gather(*(
-            self._run(llm, sequence, prompt_logprobs_sampling()) for sequence in sequences))
+        outputs = await asyncio.gather(*(self._score_one(llm, sequence, start)
+                                         for sequence, (start, _) in zip(sequences, spans)))
         scored: list[list[float]] = []
         for sequence, (start, end), output in zip(sequences, spans, outputs):
             steps = output.prompt_logprobs
@@ -216,6 +220,14 @@ class VllmEngine:
                 raise RuntimeError("vLLM returned no prompt log-probs")
             scored.append([steps[i][sequence[i]].logprob for i in range(start, end)])
         return scored
+
+    async def _score_one(self, llm: AsyncLLM, sequence: Sequence[int], start: int) -> RequestOutput:
+        output = await self._run(llm, sequence, prompt_logprobs_sampling(read_cache=True))
+        cached = output.num_cached_tokens or 0
+        if cached >= start:  # no logits were computed for (part of) the span: run it in full
+            return await self._run(llm, sequence, prompt_logprobs_sampling(read_cache=False))
+        self.reused_prompt_tokens += cached
+        return output
 
     async def _run(self, llm: AsyncLLM, prompt_ids: Sequence[int],
                    params: VllmSamplingParams) -> RequestOutput:
@@ -339,11 +351,13 @@ def to_vllm_sampling(sampling: SamplingParams) -> VllmSamplingParams:
     )
 
 
-def prompt_logprobs_sampling() -> VllmSamplingParams:
-    """One greedy token after the sequence, with the raw log-prob of every sequence token."""
+def prompt_logprobs_sampling(read_cache: bool = False) -> VllmSamplingParams:
+    """One greedy token after the sequence, with the raw log-prob of every sequence token
+    (only of the tokens after the cached prefix when ``read_cache``: see ``VllmEngine.score``)."""
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
     return VllmSamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0,
                               ignore_eos=True, detokenize=False,
-                              output_kind=RequestOutputKind.FINAL_ONLY)
+                              output_kind=RequestOutputKind.FINAL_ONLY,
+                              skip_reading_prefix_cache=not read_cache)
