@@ -20,14 +20,11 @@ from hypothesis import strategies as st
 
 from envs.env import EnvConfig
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, render_tool_call
-from envs.search.base import Document
-from envs.search.tool import SearchConfig, SearchTool
 from envs.synthetic.evaluate import answer_matches
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import World, WorldConfig, generate_world
 from envs.tasks import Task
-from envs.tools.base import JsonObject, ToolError
 from envs.tools.toolbox import Toolbox
 from rollout.chat import ChatFormat
 from rollout.context import ContextConfig, build_context_manager
@@ -36,31 +33,9 @@ from rollout.engines.scripted import ScriptedEngine
 from rollout.episode import EpisodeConfig, run_episode
 from rollout.model_store import ensure_default_model
 from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
+from tests.tools_for_tests import memory_toolbox
 
 BASE = "http://corpus.test"
-
-
-class MemoryVisit:
-    """The visit tool's answer for a page of the world, read from memory."""
-
-    name = "visit"
-    description = "Visit a page."
-    parameters: JsonObject = {"type": "object"}
-
-    def __init__(self, documents: list[Document]) -> None:
-        self._by_url = {doc.url: doc for doc in documents}
-
-    def normalize(self, arguments: Mapping[str, object]) -> JsonObject:
-        return {"url": str(arguments.get("url")), "goal": str(arguments.get("goal"))}
-
-    async def call(self, arguments: JsonObject) -> str:
-        doc = self._by_url.get(str(arguments["url"]))
-        if doc is None:
-            raise ToolError("http_status", "404 Not Found")
-        return f"Content of {doc.url} (goal: {arguments['goal']}):\n{doc.text}"
-
-    async def aclose(self) -> None:
-        pass
 
 
 class Policy:
@@ -151,7 +126,7 @@ def tasks(world: World) -> list[Task]:
 @pytest.fixture(scope="module")
 def toolbox(world: World) -> Toolbox:
     documents = world_documents(world, BASE)
-    return Toolbox([SearchTool.from_config(SearchConfig(), documents), MemoryVisit(documents)])
+    return memory_toolbox(documents)
 
 
 @pytest.fixture(scope="module")

@@ -7,56 +7,21 @@ Chromium for JavaScript-only pages. The slow test is the 200-question acceptance
 
 from __future__ import annotations
 
-import base64
-import json
-import re
-from collections.abc import Mapping
-
 import pytest
 
 from envs.answers import answer_matches
 from envs.env import EnvConfig
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, parse_turn
-from envs.search.base import Document
-from envs.search.tool import SearchConfig, SearchTool
 from envs.synthetic.evaluate import evaluate_expert, run_expert_episode
 from envs.synthetic.expert import ScriptedExpert
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import World, WorldConfig, generate_world
 from envs.tasks import Task
-from envs.tools.base import JsonObject, ToolError
 from envs.tools.toolbox import Toolbox
-from envs.visit.extract import extract_text
+from tests.tools_for_tests import memory_toolbox
 
 BASE = "http://corpus.test"
-
-
-class PageVisit:
-    """A visit tool reading documents from memory: the text the real tool would extract."""
-
-    name = "visit"
-    description = "Visit a page."
-    parameters: JsonObject = {"type": "object"}
-
-    def __init__(self, documents: list[Document]) -> None:
-        self._by_url = {doc.url: doc for doc in documents}
-
-    def normalize(self, arguments: Mapping[str, object]) -> JsonObject:
-        return {"url": str(arguments.get("url")), "goal": str(arguments.get("goal"))}
-
-    async def call(self, arguments: JsonObject) -> str:
-        doc = self._by_url.get(str(arguments["url"]))
-        if doc is None:
-            raise ToolError("http_status", "404 Not Found")
-        page = doc.html or ""
-        payload = re.search(r'atob\("([^"]+)"\)', page)
-        if payload:  # what the browser would have built
-            page = f"<html><body>{json.loads(base64.b64decode(payload.group(1)))['body']}</body></html>"
-        return f"Content of {doc.url} (goal: {arguments['goal']}):\n{extract_text(page)}"
-
-    async def aclose(self) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +36,7 @@ def tasks(world: World) -> list[Task]:
 
 def _memory_toolbox(world: World) -> Toolbox:
     docs = world_documents(world, BASE)
-    return Toolbox([SearchTool.from_config(SearchConfig(), docs), PageVisit(docs)])
+    return memory_toolbox(docs, extract=True)
 
 
 async def test_solves_chain_and_aggregation_questions_in_memory(world: World, tasks: list[Task]) -> None:

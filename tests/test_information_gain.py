@@ -23,7 +23,6 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from envs.search.tool import SearchConfig, SearchTool
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import WorldConfig, generate_world
@@ -48,7 +47,8 @@ from rollout.engines.scripted import ScriptedEngine
 from rollout.engines.vllm import VllmEngine
 from rollout.model_store import ensure_default_model
 from rollout.trajectory import Segment, Trajectory
-from tests.test_episode import BASE, MemoryVisit, chain, episode, smallest_aggregate
+from tests.test_episode import BASE, chain, episode, smallest_aggregate
+from tests.tools_for_tests import memory_toolbox
 
 ATOL = 1e-4  # ALGORITHMS.md §4: equal to the naive per-prefix computation within 1e-4
 MAX_MODEL_LEN = 8192  # the longest trajectory here (a 3-hop mono chain) is about 4k tokens
@@ -72,7 +72,7 @@ def tasks() -> list[Task]:
 @pytest.fixture(scope="module")
 def toolbox() -> Toolbox:
     documents = world_documents(generate_world(WorldConfig(seed=0)), BASE)
-    return Toolbox([SearchTool.from_config(SearchConfig(), documents), MemoryVisit(documents)])
+    return memory_toolbox(documents)
 
 
 @pytest_asyncio.fixture(scope="module")

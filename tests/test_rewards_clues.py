@@ -12,7 +12,6 @@ import pytest
 
 from envs.corpus_server import CorpusServer
 from envs.protocol import render_answer, render_tool_call
-from envs.search.tool import SearchConfig, SearchTool
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import World, WorldConfig, generate_world
@@ -28,8 +27,9 @@ from rollout.engines.scripted import ScriptedEngine
 from rollout.model_store import ensure_default_model
 from rollout.trajectory import StopReason, Trajectory
 from tests.openai_server import Reply, chat_server, replies_in_order
-from tests.test_episode import BASE, MemoryVisit, chain, episode, smallest_aggregate
+from tests.test_episode import BASE, chain, episode, smallest_aggregate
 from tests.test_rewards_format import TASK, make_trajectory, make_turn
+from tests.tools_for_tests import memory_toolbox
 
 # ---- the score rule (worked example E3) ----------------------------------------------------------
 
@@ -123,7 +123,7 @@ def tasks(world: World) -> list[Task]:
 @pytest.fixture(scope="module")
 def toolbox(world: World) -> Toolbox:
     documents = world_documents(world, BASE)
-    return Toolbox([SearchTool.from_config(SearchConfig(), documents), MemoryVisit(documents)])
+    return memory_toolbox(documents)
 
 
 def assert_chain_events(trajectory: Trajectory, task: Task, events_T: list[list[str]]) -> None:

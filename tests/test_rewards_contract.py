@@ -18,13 +18,11 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from envs.search.tool import SearchConfig, SearchTool
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import WorldConfig, generate_world
 from envs.tasks import Task
 from envs.tools.base import JsonValue
-from envs.tools.toolbox import Toolbox
 from rewards.base import (
     ENTRY_POINT_GROUP,
     RewardError,
@@ -39,7 +37,8 @@ from rollout.engines.scripted import ScriptedEngine
 from rollout.model_store import ensure_default_model
 from rollout.trajectory import Trajectory
 from tests.openai_server import ChatServer, Reply, chat_server
-from tests.test_episode import BASE, MemoryVisit, chain, episode
+from tests.test_episode import BASE, chain, episode
+from tests.tools_for_tests import memory_toolbox
 
 # The plugins this package declares in pyproject.toml under [project.entry-points."turnstile.rewards"].
 BUILTIN = {
@@ -78,7 +77,7 @@ async def group() -> tuple[Task, list[Trajectory]]:
     world = generate_world(WorldConfig(seed=0))
     tasks = generate_tasks(world, QuestionConfig(), BASE)
     documents = world_documents(world, BASE)
-    toolbox = Toolbox([SearchTool.from_config(SearchConfig(), documents), MemoryVisit(documents)])
+    toolbox = memory_toolbox(documents)
     task = chain(tasks, 3)
     solved = await episode(task, ScriptedEngine(chat, tasks=tasks), toolbox, chat)
     cut = await episode(task, ScriptedEngine(chat, tasks=tasks), toolbox, chat, max_turns=3, sample=1)

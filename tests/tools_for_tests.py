@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import base64
+import json
+import re
+from collections.abc import Mapping, Sequence
 
+from envs.search.base import Document
+from envs.search.tool import SearchConfig, SearchTool
 from envs.tools.base import JsonObject, ToolError
+from envs.tools.toolbox import Toolbox
+from envs.visit.extract import extract_text
 
 
 class EchoTool:
@@ -57,3 +64,45 @@ class SlowTool(EchoTool):
         self.calls += 1
         await asyncio.sleep(self.seconds)
         return "late"
+
+
+class MemoryVisit:
+    """A visit tool answering from documents in memory, in the real tool's output format.
+
+    ``extract=False`` shows each page's readable text; ``extract=True`` runs trafilatura on the
+    served HTML, decoding a JavaScript-only page's payload as the browser would have built it.
+    """
+
+    name = "visit"
+    description = "Visit a page."
+    parameters: JsonObject = {"type": "object"}
+
+    def __init__(self, documents: Sequence[Document], extract: bool = False) -> None:
+        self._by_url = {doc.url: doc for doc in documents}
+        self._extract = extract
+
+    def normalize(self, arguments: Mapping[str, object]) -> JsonObject:
+        return {"url": str(arguments.get("url")), "goal": str(arguments.get("goal"))}
+
+    async def call(self, arguments: JsonObject) -> str:
+        doc = self._by_url.get(str(arguments["url"]))
+        if doc is None:
+            raise ToolError("http_status", "404 Not Found")
+        return f"Content of {doc.url} (goal: {arguments['goal']}):\n{self._text(doc)}"
+
+    def _text(self, doc: Document) -> str:
+        if not self._extract:
+            return doc.text
+        page = doc.html or ""
+        payload = re.search(r'atob\("([^"]+)"\)', page)
+        if payload:
+            page = f"<html><body>{json.loads(base64.b64decode(payload.group(1)))['body']}</body></html>"
+        return extract_text(page)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def memory_toolbox(documents: Sequence[Document], extract: bool = False) -> Toolbox:
+    """The real search tool over ``documents`` and a :class:`MemoryVisit` of them."""
+    return Toolbox([SearchTool.from_config(SearchConfig(), documents), MemoryVisit(documents, extract)])
