@@ -246,7 +246,11 @@ async def test_llm_judge_labels_turns() -> None:
 
 async def test_llm_judge_garbage_scores_one_per_window() -> None:
     good = json.dumps({"turns": [{"turn": 0, "events": [{"type": "clue_found", "clue": "hop1"}]}]})
-    with chat_server(replies_in_order([good, "no idea, sorry"])) as srv:
+    def by_window(messages: list[dict[str, str]]) -> Reply:
+        # Windows are judged concurrently: answer by which window asks, not by arrival order.
+        return Reply(good if "Step 0:" in messages[-1]["content"] else "no idea, sorry")
+
+    with chat_server(by_window) as srv:
         plugin = llm_plugin(srv.base_url, turns_per_call=2)
         trajectory = three_turns()
         await plugin.score(trajectory, BORN)
