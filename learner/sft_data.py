@@ -14,7 +14,8 @@ Input: one JSON object per line with ``messages`` (``[{role, content}]``: system
 question, then assistant turns, each followed by its tool response as a user ``<tool_response>``
 message; role ``tool`` is accepted) and ``answer`` (the reference: a string or a list of
 alternatives; nested lists are flattened). A question embedded in a prompt that also carries the tool
-list (WebDancer's ``... </tools> ... User: question``) is cut out of it.
+list (WebDancer's ``... </tools> ... User: question``) is cut out of it. The row's own tool schemas
+(``functions``, ``<tools>`` blocks) are only read to count where they disagree with the calls.
 
 Output: one training row per line, ``{"messages", "answer", "source_line", "turns"}``, where
 ``messages`` is the chat the policy's chat template tokenises (this project's system prompt, the
@@ -69,6 +70,15 @@ PROGRESS_EVERY = 5_000  # input lines between progress reports
 # What the steps count, and why they drop rows; printed as they are.
 QUERIES_RENAMED = "calls whose 'queries' key was renamed to 'query'"  # step 1
 QUERY_WRAPPED = "calls whose bare query string was wrapped in a list"
+# A row whose own tool schema (its ``functions`` field, or a ``<tools>`` block in its prompt) names
+# the search parameter one way while its calls write the other: the calls are normalised and the
+# schema replaced, and these count it (rows, calls) for each direction, declared name first.
+SCHEMA_MISMATCHES = {
+    ("queries", "query"): ("rows whose schema says 'queries', calls use 'query'",
+                           "calls using 'query' where the schema says 'queries'"),
+    ("query", "queries"): ("rows whose schema says 'query', calls use 'queries'",
+                           "calls using 'queries' where the schema says 'query'"),
+}
 SEARCH_NORMALISED = "search responses normalised"
 SEARCH_UNRECOGNISED = "search responses in an unknown format (kept as written)"
 DISALLOWED_TURNS = "turns removed (disallowed tool)"  # step 2
@@ -249,6 +259,7 @@ def reference_answers(value: JsonValue) -> tuple[str, ...]:
 
 _DATE = re.compile(r"^\s*Current date:\s*(\S.*?)\s*$", re.MULTILINE)
 _INLINE_QUESTION = re.compile(r"^User:[ \t]*", re.MULTILINE)
+_TOOLS_BLOCK = re.compile(r"<tools>(.*?)</tools>", re.DOTALL)
 _CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 _SEARCH_HEADER = re.compile(r"^A (?:Google )?search for '(?P<query>.*)' found \d+ results?:$")
 _NO_RESULTS = re.compile(r"^No results found for '(?P<query>.*)'")
@@ -257,7 +268,9 @@ _HIT = re.compile(r"^\d+\. \[(?P<title>.*)\]\((?P<url>\S*)\)$")
 
 def align(raw: RawRow, events: Counter[str]) -> ChatTrajectory | Dropped:
     """Step 1: the question out of its prompt, tool calls in the §1 schema, search results in the
-    search tool's format. The system prompt itself is rebuilt when the row is written."""
+    search tool's format. The system prompt itself is rebuilt when the row is written (so the
+    row's own tool schemas go); where they named the search parameter otherwise than the calls
+    did, :func:`count_schema_mismatches` counts it."""
     messages = raw.fields["messages"]
     assert isinstance(messages, list)  # of {"role": str, "content": str}, checked by read_rows
     chat = [(str(m["role"]), str(m["content"])) for m in messages if isinstance(m, dict)]
@@ -270,10 +283,11 @@ def align(raw: RawRow, events: Counter[str]) -> ChatTrajectory | Dropped:
     if question is None:
         return Dropped("no user question")
     turns: list[Turn] = []
+    raw_calls: list[ToolCall] = []  # the calls as the source wrote them, before normalise_call
     stray = 0
     for role, content in rest[1:]:
         if role == "assistant":
-            turns.append(_aligned_turn(content, events))
+            turns.append(_aligned_turn(content, events, raw_calls))
         elif role in ("user", "tool", "function") and turns:
             # A tool-role message is a tool response in another chat format; a user message is
             # kept as written (step 4 rejects one that is not a <tool_response>).
@@ -283,22 +297,109 @@ def align(raw: RawRow, events: Counter[str]) -> ChatTrajectory | Dropped:
         else:
             stray += 1
     turns = [_with_normalised_search(turn, events) for turn in turns]
+    prompts = [text for _, text in chat[:leading]] + [rest[0][1]]
+    count_schema_mismatches(declared_parameters(raw.fields, prompts), raw_calls, events)
     return ChatTrajectory(raw.line, question, dates[-1] if dates else None, tuple(turns),
                           reference_answers(raw.fields.get("answer")), stray)
 
 
 def question_of(prompt: str) -> str | None:
     """The question in the first user message. A prompt that also lists tools (``<tools>``) holds
-    the question after its last ``User:`` line; without one the question cannot be told apart."""
-    if "<tools>" not in prompt:
+    the question after its last ``User:`` line outside the tool list, which never becomes part of
+    it; without such a line, or with an unclosed tool list, the question cannot be told apart."""
+    if "<tools>" not in prompt and "</tools>" not in prompt:
         return prompt.strip() or None
-    marks = list(_INLINE_QUESTION.finditer(prompt))
+    outside = _TOOLS_BLOCK.sub("\n", prompt)
+    if "<tools>" in outside or "</tools>" in outside:
+        return None
+    marks = list(_INLINE_QUESTION.finditer(outside))
     if not marks:
         return None
-    return prompt[marks[-1].end():].strip() or None
+    return outside[marks[-1].end():].strip() or None
 
 
-def _aligned_turn(text: str, events: Counter[str]) -> Turn:
+# ---- step 1: the row's own tool schemas against its calls ------------------------------------------
+
+ToolParameters = dict[str, frozenset[str]]  # tool name -> the parameter names its schema declares
+
+
+def declared_parameters(fields: JsonObject, prompts: Sequence[str]) -> list[ToolParameters]:
+    """The parameters each of a row's tool schemas declares, one mapping per schema: the row's
+    ``functions`` field, then every ``<tools>`` block in ``prompts``. A tool entry is a function
+    object (``name`` or ``name_for_model``, ``parameters.properties``), bare or under OpenAI's
+    ``{"type": "function", "function": ...}``; a block holds JSON values, one after another or
+    separated by commas. What is not such an entry is skipped, and a schema with none is left out."""
+    sources: list[list[JsonValue]] = []
+    functions = fields.get("functions")
+    if isinstance(functions, list):
+        sources.append(functions)
+    for prompt in prompts:
+        sources.extend(_json_values(block.group(1)) for block in _TOOLS_BLOCK.finditer(prompt))
+    return [names for names in map(_tool_parameters, sources) if names]
+
+
+def _json_values(text: str) -> list[JsonValue]:
+    """The JSON values in ``text`` up to the first that does not parse; lists flattened one level."""
+    decoder = json.JSONDecoder()
+    values: list[JsonValue] = []
+    position = 0
+    while True:
+        while position < len(text) and text[position] in " \t\r\n,":
+            position += 1
+        if position == len(text):
+            return values
+        try:
+            value, position = decoder.raw_decode(text, position)
+        except ValueError:
+            return values
+        values.extend(value if isinstance(value, list) else [value])
+
+
+def _tool_parameters(entries: Sequence[JsonValue]) -> ToolParameters:
+    declared: ToolParameters = {}
+    for entry in entries:
+        if isinstance(entry, dict) and isinstance(entry.get("function"), dict):
+            entry = entry["function"]
+        if not isinstance(entry, dict):
+            continue
+        name = entry.get("name_for_model", entry.get("name"))
+        parameters = entry.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        if isinstance(name, str) and name.strip() and isinstance(properties, dict):
+            declared[name.strip()] = frozenset(properties)
+    return declared
+
+
+def count_schema_mismatches(schemas: Sequence[ToolParameters], calls: Sequence[ToolCall],
+                            events: Counter[str]) -> None:
+    """Count a row (and its calls) in :data:`SCHEMA_MISMATCHES` when one of its tool schemas
+    declares a search parameter under one name and not the other while its calls (as written,
+    before :func:`normalise_call`) use the other: the schema the source showed its model did not
+    describe its own calls. Both names end up as the protocol's ``query``."""
+    for (declared, used), (rows_event, calls_event) in SCHEMA_MISMATCHES.items():
+        if not any(declared in names.get("search", ()) and used not in names.get("search", ())
+                   for names in schemas):
+            continue
+        mismatched = sum(1 for call in calls if call.name == "search"
+                         and used in call.arguments and declared not in call.arguments)
+        if mismatched:
+            events[rows_event] += 1
+            events[calls_event] += mismatched
+
+
+def schema_mismatch_lines(events: Counter[str]) -> list[str]:
+    """One line per direction of :data:`SCHEMA_MISMATCHES` that step 1 met, for the report; a
+    single line saying none when it met neither."""
+    lines = []
+    for (declared, used), (rows_event, calls_event) in SCHEMA_MISMATCHES.items():
+        if events[rows_event]:
+            lines.append(f"schema/call mismatches handled: {events[rows_event]} rows, "
+                         f"{events[calls_event]} calls (schema says '{declared}', calls use "
+                         f"'{used}'); schema replaced by the protocol's search schema")
+    return lines or ["schema/call mismatches handled: 0 rows"]
+
+
+def _aligned_turn(text: str, events: Counter[str], raw_calls: list[ToolCall]) -> Turn:
     text = strip_stop(text)
     split = text.rfind(THINK_CLOSE) + len(THINK_CLOSE) if THINK_CLOSE in text else 0
     calls: list[ToolCall] = []
@@ -310,6 +411,7 @@ def _aligned_turn(text: str, events: Counter[str]) -> Turn:
         if call is None:
             broken += 1
             return match.group(0)
+        raw_calls.append(call)
         call = normalise_call(call, events)
         calls.append(call)
         body = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False)

@@ -26,7 +26,6 @@ from types import ModuleType
 from typing import Any
 
 import torch
-
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
 PLATFORM = "cpu"
@@ -227,5 +226,23 @@ def _gloo_process_groups() -> None:
     distributed.initialize_global_process_group_ray = initialize
 
 
+def activate() -> None:
+    """Run veRL on CPU in this process (the driver; workers get :func:`worker_env` instead).
+
+    Safe to call more than once. Must run before veRL resolves its platform, i.e. before the first
+    worker group or engine is built in this process.
+    """
+    from verl.plugin.platform import get_platform, platform_manager, set_platform
+
+    os.environ.update(worker_env())
+    current = platform_manager._current_platform
+    if current is None:
+        get_platform()
+    elif not isinstance(current, PlatformCPU):
+        set_platform(PlatformCPU())
+    _gloo_process_groups()
+
+
+# A worker process started with worker_env() imports this module through VERL_USE_EXTERNAL_MODULES.
 if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
     _gloo_process_groups()

@@ -33,6 +33,7 @@ from learner.sft_data import (
     QUERY_WRAPPED,
     REPEATED_CALLS,
     REPEATED_TURNS,
+    SCHEMA_MISMATCHES,
     SEARCH_NORMALISED,
     SEARCH_UNRECOGNISED,
     ChatTrajectory,
@@ -49,6 +50,7 @@ from learner.sft_data import (
     parse_resample,
     remove_repeated_calls,
     resample,
+    schema_mismatch_lines,
     tool_set,
 )
 from rewards.judge import ChatClientConfig, JudgeUnavailable
@@ -95,11 +97,15 @@ def answer_turn(answer: str) -> list[Message]:
 
 
 def raw_row(*turns: list[Message], answer: object = "Paris", line: int = 1,
-            question: str = "What is the capital of France?") -> RawRow:
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT + question}]
+            question: str = "What is the capital of France?", prompt: str = PROMPT,
+            system: str = SYSTEM, functions: object = None) -> RawRow:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": prompt + question}]
     for turn in turns:
         messages.extend(turn)
-    return RawRow(line, {"messages": messages, "answer": answer})
+    fields: dict[str, object] = {"messages": messages, "answer": answer}
+    if functions is not None:
+        fields["functions"] = functions
+    return RawRow(line, fields)  # type: ignore[arg-type]
 
 
 def aligned(*turns: list[Message], answer: object = "Paris") -> ChatTrajectory:
@@ -138,6 +144,85 @@ def test_align_renames_queries_and_wraps_a_bare_query() -> None:
     # the assistant text itself now holds the §1 call
     assert '{"name": "search", "arguments": {"query": ["a", "b"]}}' in row.turns[0].text
     assert "queries" not in row.turns[0].text
+
+
+# The two ways WebDancer rows declare their tools: a ``functions`` field and a <tools> block.
+def webdancer_functions(search_parameter: str) -> list[dict[str, object]]:
+    return [{"name_for_human": "search", "name_for_model": "search",
+             "parameters": {"type": "object", "properties": {search_parameter: {"type": "array"}},
+                            "required": ["query"]}},
+            {"name_for_model": "visit",
+             "parameters": {"properties": {"url": {"type": "array"}, "goal": {"type": "string"}}}}]
+
+
+def tools_prompt(search_parameter: str) -> str:
+    return PROMPT.replace('"queries"', json.dumps(search_parameter))
+
+
+QUERIES_ROWS, QUERIES_CALLS = SCHEMA_MISMATCHES[("queries", "query")]
+QUERY_ROWS, QUERY_CALLS = SCHEMA_MISMATCHES[("query", "queries")]
+MISMATCH_EVENTS = (QUERIES_ROWS, QUERIES_CALLS, QUERY_ROWS, QUERY_CALLS)
+
+
+def mismatch_counts(row: RawRow) -> tuple[int, ...]:
+    events: Counter[str] = Counter()
+    assert isinstance(align(row, events), ChatTrajectory)
+    return tuple(events[event] for event in MISMATCH_EVENTS)
+
+
+def test_a_schema_naming_queries_while_the_calls_use_query_is_counted() -> None:
+    turns = (search_turn(["a"]), visit_turn(["https://a.org"], "g"), search_turn("b"),
+             answer_turn("Paris"))
+    # WebDancer's defect: "queries" in ``functions``, "query" in the prompt's list and the calls.
+    row = raw_row(*turns, prompt=tools_prompt("query"), functions=webdancer_functions("queries"))
+    assert mismatch_counts(row) == (1, 2, 0, 0)  # one row, its two search calls
+    # The prompt's tool list alone is enough to count it, and so is one in the system prompt.
+    assert mismatch_counts(raw_row(*turns, prompt=tools_prompt("queries"))) == (1, 2, 0, 0)
+    listed = ('<tools>\n{"type": "function", "function": {"name": "search", "parameters": '
+              '{"properties": {"queries": {}}}}}\n{"type": "function", "function": {"name": "visit"}}'
+              '\n</tools>')
+    assert mismatch_counts(raw_row(*turns, system=f"{SYSTEM}\n{listed}", prompt="",
+                                   question="Q?")) == (1, 2, 0, 0)
+    # The reverse: the schema says "query", a call writes "queries" (and is renamed).
+    events: Counter[str] = Counter()
+    reverse = raw_row(search_turn(["a"], key="queries"), search_turn(["b"]), answer_turn("Paris"),
+                      prompt=tools_prompt("query"), functions=webdancer_functions("query"))
+    assert isinstance(align(reverse, events), ChatTrajectory)
+    assert tuple(events[event] for event in MISMATCH_EVENTS) == (0, 0, 1, 1)
+    assert events[QUERIES_RENAMED] == 1
+
+
+def test_a_schema_that_agrees_with_its_calls_is_not_counted() -> None:
+    turns = (search_turn(["a"]), visit_turn(["https://a.org"], "g"), answer_turn("Paris"))
+    agreeing = raw_row(*turns, prompt=tools_prompt("query"), functions=webdancer_functions("query"))
+    assert mismatch_counts(agreeing) == (0, 0, 0, 0)
+    # A schema that declares both names, none at all, or no search call: nothing to count.
+    both = tools_prompt("query").replace('{"query": {"type": "array"}}',
+                                         '{"query": {}, "queries": {}}')
+    assert mismatch_counts(raw_row(*turns, prompt=both)) == (0, 0, 0, 0)
+    assert mismatch_counts(raw_row(*turns, prompt="", question="Q?")) == (0, 0, 0, 0)
+    assert mismatch_counts(raw_row(visit_turn(["https://a.org"], "g"), answer_turn("Paris"),
+                                   functions=webdancer_functions("queries"))) == (0, 0, 0, 0)
+
+
+def test_schema_mismatches_are_said_in_a_sentence() -> None:
+    assert schema_mismatch_lines(Counter()) == ["schema/call mismatches handled: 0 rows"]
+    events = Counter({QUERIES_ROWS: 3, QUERIES_CALLS: 7})
+    assert schema_mismatch_lines(events) == [
+        ("schema/call mismatches handled: 3 rows, 7 calls (schema says 'queries', calls use "
+         "'query'); schema replaced by the protocol's search schema")]
+
+
+def test_the_question_never_keeps_the_tool_list() -> None:
+    tools = '<tools>\n{"name": "search", "parameters": {"properties": {"query": {}}}}\n</tools>'
+    for prompt in (f"{tools}\nInstructions.\n\nUser: Who?",  # WebDancer: the list, then the question
+                   f"User: Who?\n{tools}",  # the question before the list
+                   "User: Who?\n<tools>\nUser: a line of the list\n</tools>\n"):  # User: in it
+        row = align(raw_row(answer_turn("x"), prompt=prompt, question=""), Counter())
+        assert isinstance(row, ChatTrajectory) and row.question == "Who?", prompt
+    for prompt in ("User: Who?\n<tools>\n{", "</tools>\nUser: Who?"):  # half a list: unsure
+        row = align(raw_row(answer_turn("x"), prompt=prompt, question=""), Counter())
+        assert row == Dropped("no user question")
 
 
 def test_align_rewrites_search_results_in_the_search_tool_format() -> None:
@@ -408,12 +493,18 @@ def printed_steps(text: str) -> list[dict[str, int]]:
     steps: list[dict[str, int]] = []
     for line in text.splitlines():
         header = re.match(r"step \d \S.*: (\d+) rows in, (\d+) rows out$", line)
+        counted = re.match(r"  (\S.*): (\d+)$", line)
         if header:
             steps.append({"in": int(header.group(1)), "out": int(header.group(2))})
-        elif line.startswith("  ") and steps:
-            key, _, value = line.strip().rpartition(": ")
-            steps[-1][key] = int(value)
+        elif counted and steps:
+            steps[-1][counted.group(1)] = int(counted.group(2))
     return steps
+
+
+def search_parameters(tools: list[dict]) -> set[str]:
+    """The parameter names the search entry of a WebDancer tool list declares."""
+    entries = [t for t in tools if t.get("name_for_model", t.get("name")) == "search"]
+    return {name for t in entries for name in t["parameters"]["properties"]}
 
 
 def webdancer_facts(path: Path) -> dict[str, int]:
@@ -422,6 +513,16 @@ def webdancer_facts(path: Path) -> dict[str, int]:
     for line in path.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
         facts["rows"] += 1
+        # The search parameter's names in the row's schemas: ``functions`` and the prompt's list,
+        # which holds comma-separated objects.
+        declared = [search_parameters(row.get("functions", []))]
+        for block in re.findall(r"<tools>(.*?)</tools>", row["messages"][1]["content"], re.DOTALL):
+            declared.append(search_parameters(json.loads(f"[{block}]")))
+        says_queries = any("queries" in names for names in declared)
+        calls_query = sum(1 for call in assistant_calls(row["messages"])
+                          if call["name"] == "search" and "query" in call["arguments"])
+        facts["schema 'queries', calls 'query' rows"] += says_queries and calls_query > 0
+        facts["schema 'queries', calls 'query' calls"] += calls_query if says_queries else 0
         made: set[tuple[str, ...]] = set()
         for call in assistant_calls(row["messages"]):
             facts[call["name"]] += 1
@@ -460,9 +561,17 @@ def test_clean_on_the_webdancer_sample(shared_data: Path, tmp_path: Path,
         dropped = sum(v for k, v in step.items() if k.startswith("dropped"))
         assert step["in"] - step["out"] == dropped
     align_step, tools_step, repeats_step, structure_step, answer_step, resample_step = steps
-    # The sample's calls all write "query" (its defect is the "queries" of its function schema,
-    # replaced with the system prompt) and repeat no call, so both counts are 0 here; the unit tests
-    # above cover rows where they are not.
+    # The sample's defect: its function schema names the search parameter "queries" while every
+    # call writes "query" (data README). Step 1 counts it and says so; no call is renamed. It
+    # repeats no call either, so the renamed and repeated counts are 0 here; the unit tests above
+    # cover rows where they are not.
+    rows_counted = facts["schema 'queries', calls 'query' rows"]
+    calls_counted = facts["schema 'queries', calls 'query' calls"]
+    assert rows_counted == facts["rows"] and calls_counted == facts["search"]  # all of the sample
+    assert (f"  schema/call mismatches handled: {rows_counted} rows, {calls_counted} calls (schema "
+            "says 'queries', calls use 'query'); schema replaced by the protocol's search schema\n"
+            ) in printed
+    assert "calls use 'queries'" not in printed  # no row the other way round
     assert align_step[QUERIES_RENAMED] == facts.get("queries key", 0)
     assert align_step[SEARCH_NORMALISED] == facts["search"]  # one response per search call
     assert tools_step[DISALLOWED_TURNS] == 0
@@ -485,7 +594,8 @@ def test_clean_on_the_webdancer_sample(shared_data: Path, tmp_path: Path,
     assert len(prompts) == 1  # one system prompt template
     responses = [m["content"] for row in rows for m in row["messages"][2:] if m["role"] == "user"]
     assert sum(r.startswith("<tool_response>\nA search for '") for r in responses) == facts["search"]
-    assert all("<tools>" not in row["messages"][1]["content"] for row in rows)
+    questions = [row["messages"][1]["content"] for row in rows]
+    assert not any(mark in q for q in questions for mark in ("<tools>", "</tools>", '"parameters"'))
 
     # The default requires a verified answer: without a judge only exact matches stay.
     assert run_command("clean", "--in", str(source), "--out", str(out)) == 0

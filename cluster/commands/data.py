@@ -22,17 +22,21 @@ from learner.sft_data import (
     KEPT_UNVERIFIED,
     KNOWN_TOOLS,
     NOT_VERIFIED,
+    SCHEMA_MISMATCHES,
+    STEP_NAMES,
     CleanConfig,
     CleanReport,
     StepCount,
     clean_file,
     parse_resample,
+    schema_mismatch_lines,
 )
 from rewards.judge import ChatClientConfig, JudgeUnavailable
 
 NAME = "data"
 HELP = "Prepare training data: 'data clean' turns raw agent trajectories into SFT rows."
 UNREADABLE_SHOWN = 20
+_MISMATCH_EVENTS = frozenset(event for events in SCHEMA_MISMATCHES.values() for event in events)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +123,10 @@ def print_report(report: CleanReport, target: Path) -> None:
 def print_step(number: int, step: StepCount) -> None:
     print(f"step {number} {step.name}: {step.rows_in} rows in, {step.rows_out} rows out")
     for event, count in step.events.items():
-        print(f"  {event}: {count}")
+        if event not in _MISMATCH_EVENTS:  # said in a sentence below
+            print(f"  {event}: {count}")
+    if step.name == STEP_NAMES[0]:
+        for line in schema_mismatch_lines(step.events):
+            print(f"  {line}")
     for reason, count in sorted(step.dropped.items()):
         print(f"  dropped ({reason}): {count}")

@@ -1,0 +1,92 @@
+"""Weight publishing: after an update, the rollout engines serve the learner's weights under a new version.
+
+Two ways, chosen by the engines' ``weight_sync`` setting (``engine.vllm.weight_sync``):
+
+- ``inplace`` (default; the CPU path and single-node runs): rank 0 of the learner gathers the full
+  parameters, one copy goes into Ray's object store, and every replica loads it in place
+  (:meth:`rollout.fleet.EngineRouter.update_weights`). No restart; running requests are recomputed
+  on the new weights.
+- ``checkpoint`` (the GPU cluster default in ``examples/``): the weights are written as safetensors
+  into a shared directory (``engine.vllm.checkpoint_dir``, a path every engine node can read), then
+  every replica is told to load it. We chose the directory over NCCL for clusters because it needs no
+  collective group spanning the learner ranks and the vLLM replicas (the fleet grows and shrinks
+  freely), a restarted replica can reload the newest version from it, and it is the same code this
+  machine tests end to end. vLLM's NCCL weight-transfer path (``weight_sync=nccl``) exists in the
+  engine for large models where the disk round trip dominates; it is untested here (no GPU).
+
+Either way the engines report the version they serve (``weights_version()``), and every turn a
+rollout generates records the version that produced it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from rollout.engines.base import PolicyEngine
+
+MODES = ("inplace", "checkpoint")
+
+
+class PublishError(RuntimeError):
+    """Publishing failed; the engines keep serving the previous version."""
+
+
+async def publish(engine: PolicyEngine, weights: Mapping[str, torch.Tensor], version: int, *,
+                  mode: str = "inplace", checkpoint_dir: str | Path | None = None) -> int:
+    """Make ``engine`` (one engine or an :class:`~rollout.fleet.EngineRouter`) serve ``weights``.
+
+    Returns the version the engines report afterwards, which must be ``version``.
+    """
+    if mode not in MODES:
+        raise PublishError(f"unknown publish mode {mode!r}: use one of {', '.join(MODES)}")
+    if mode == "checkpoint":
+        if not checkpoint_dir:
+            raise PublishError("publishing through a checkpoint needs engine.vllm.checkpoint_dir: a "
+                               "directory every engine node can read")
+        write_checkpoint(weights, checkpoint_dir)
+        await engine.update_weights(version, {})
+    else:
+        await engine.update_weights(version, weights)
+    served = await engine.weights_version()
+    if served != version:
+        raise PublishError(f"the engines serve version {served} after publishing version {version}")
+    return served
+
+
+def write_checkpoint(weights: Mapping[str, torch.Tensor], directory: str | Path) -> Path:
+    """Write ``weights`` as one safetensors file, replacing the directory's previous weights atomically.
+
+    The file is written beside the target and renamed into place, so a reader sees the old or the
+    new weights, never half of them. Tied tensors (shared storage) are written once each.
+    """
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in weights.items()}
+    handle, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".safetensors", dir=directory)
+    os.close(handle)
+    try:
+        save_file(tensors, tmp)
+        os.replace(tmp, directory / "model.safetensors")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return directory
+
+
+def save_hf_model(weights: Mapping[str, torch.Tensor], base_model: str | Path, out: str | Path) -> Path:
+    """A loadable Hugging Face model directory: ``base_model``'s config and tokenizer, these weights."""
+    base, out = Path(base_model), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for item in base.iterdir():
+        if item.is_file() and not item.name.endswith((".safetensors", ".bin")) and item.name != "model.safetensors.index.json":
+            shutil.copy2(item, out / item.name)
+    write_checkpoint(weights, out)
+    return out

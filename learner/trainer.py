@@ -1,0 +1,405 @@
+"""The learner: samples in, a veRL update out, full weights for the rollout fleet.
+
+``Learner`` drives a group of veRL training workers (:class:`learner.verl_workers.PolicyWorker`, the
+FSDP2 engine) over a ``RayWorkerGroup`` with ``dp`` ranks. The same code runs on GPUs and on CPU; on
+CPU the workers and this process load the platform plugin in :mod:`learner.verl_cpu`.
+
+One RL step (:meth:`Learner.rl_step`): trajectories with per-turn advantages → one sample per segment
+(:mod:`learner.batch`) → minimal-loss downsampling to a multiple of lcm(dp, mini_batch) with group
+statistics recomputed over the survivors (:mod:`learner.downsample`) → mini-batches laid out so each
+rank's share of every mini-batch has about the same number of tokens → veRL's ``ppo_loss`` (PPO-clip
+``vanilla`` or ``gspo``) with an optional KL to the reference model (``low_var_kl``). An SFT step uses
+the same layout with :func:`learner.verl_workers.weighted_sft_loss`.
+
+veRL splits a batch into ``dp`` equal contiguous parts and each rank walks its part in mini-batches
+of ``mini_batch / dp``. :func:`rank_major_layout` orders the rows so that the k-th mini-batch of every
+rank together is exactly the k-th global mini-batch we chose: the update is the same for any ``dp``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from learner.batch import Sample, balance_for_ranks, collate, samples_from_trajectories
+from learner.credit.registry import Estimator
+from learner.downsample import downsample, renormalise
+from rollout.trajectory import Trajectory
+
+LOSSES = ("vanilla", "gspo")
+KL_TYPES = ("low_var_kl", "kl", "abs", "mse")
+
+
+class LearnerError(ValueError):
+    """A learner setting or input that cannot work; the message names the fix."""
+
+
+@dataclass
+class LearnerConfig:
+    """The learner's settings (``learner.*`` in an experiment's YAML)."""
+
+    model: str = ""  # a local Hugging Face model directory; "" = the built-in tiny model
+    dp: int = 1  # data-parallel ranks (one training worker each)
+    mini_batch: int = 8  # samples per optimiser step, over all ranks
+    micro_batch: int = 2  # samples per forward/backward on one rank
+    epochs: int = 1  # passes over a batch (PPO epochs)
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    total_steps: int = 1000  # for the learning-rate schedule
+    warmup_steps: int = 0
+    loss: str = "vanilla"  # vanilla (PPO-clip) | gspo (sequence-level ratio, ALGORITHMS.md §7)
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    kl_coef: float = 0.0  # > 0 adds KL to a frozen reference copy of the initial model
+    kl_type: str = "low_var_kl"
+    recompute_old_log_probs: bool = False  # False: the rollout's own log-probs are the old policy
+    max_length: int = 8192  # prompt + response tokens per sample; longer responses are cut (counted)
+    seed: int = 0
+    gradient_checkpointing: bool = False
+    num_cpus_per_worker: int = 1  # CPU only; on GPUs each rank takes one GPU
+    gpu: bool | None = None  # None: use GPUs when the Ray cluster has them
+
+    def __post_init__(self) -> None:
+        if self.dp < 1 or self.mini_batch < 1 or self.micro_batch < 1 or self.epochs < 1:
+            raise LearnerError("learner.dp, mini_batch, micro_batch and epochs must be at least 1")
+        if self.mini_batch % self.dp:
+            raise LearnerError(f"learner.mini_batch={self.mini_batch} must be a multiple of learner.dp="
+                               f"{self.dp}: every rank takes the same share of each mini-batch")
+        if (self.mini_batch // self.dp) % self.micro_batch:
+            raise LearnerError(f"learner.micro_batch={self.micro_batch} must divide the per-rank "
+                               f"mini-batch {self.mini_batch // self.dp} (mini_batch / dp)")
+        if self.loss not in LOSSES:
+            raise LearnerError(f"learner.loss={self.loss!r} is not one of {', '.join(LOSSES)}")
+        if self.kl_type not in KL_TYPES:
+            raise LearnerError(f"learner.kl_type={self.kl_type!r} is not one of {', '.join(KL_TYPES)}")
+        if self.kl_coef < 0:
+            raise LearnerError("learner.kl_coef must be >= 0")
+
+
+@dataclass
+class StepReport:
+    """What one update did; ``trained`` is False when too few samples arrived (they wait)."""
+
+    trained: bool
+    samples: int = 0
+    dropped: int = 0
+    lost_fraction: float = 0.0
+    waiting: int = 0
+    tokens: int = 0
+    truncated_tokens: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def rank_major_layout(mini_batches: Sequence[Sequence[Sample]], dp: int) -> list[Sample]:
+    """Order rows so veRL's split gives rank r, mini-batch k, exactly its share of our k-th batch.
+
+    Each mini-batch is first balanced over the ranks by tokens (:func:`learner.batch.balance_for_ranks`);
+    then rank 0's shares of every mini-batch come first, then rank 1's, and so on.
+    """
+    shares: list[list[list[Sample]]] = []
+    for batch in mini_batches:
+        balanced = balance_for_ranks(batch, dp)
+        size = len(balanced) // dp
+        shares.append([balanced[r * size:(r + 1) * size] for r in range(dp)])
+    return [sample for rank in range(dp) for batch in shares for sample in batch[rank]]
+
+
+def mini_batches(samples: Sequence[Sample], size: int, seed: int) -> list[list[Sample]]:
+    """Shuffle (seeded) and cut into mini-batches of ``size``; ``len(samples)`` must be a multiple."""
+    if len(samples) % size:
+        raise LearnerError(f"{len(samples)} samples do not fill mini-batches of {size}: downsample first")
+    order = list(samples)
+    random.Random(seed).shuffle(order)
+    return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+class Learner:
+    """A veRL worker group holding the policy (and, with ``kl_coef > 0``, a frozen reference)."""
+
+    def __init__(self, config: LearnerConfig) -> None:
+        self.config = config
+        self.step = 0
+        self.weights_version = 0
+        self._actor: Any = None
+        self._reference: Any = None
+        self._pad_token_id = 0
+        self._model_path = ""
+        self._pools: list[Any] = []
+
+    # -- set-up --------------------------------------------------------------------------------
+    def start(self) -> Learner:
+        """Build the worker groups and load the model (tens of seconds on CPU)."""
+        import ray
+
+        from rollout.model_store import resolve_model
+
+        if not ray.is_initialized():
+            raise LearnerError("Ray is not running in this process: call ray.init() (or run through "
+                               "`turnstile`) before starting the learner")
+        self._model_path = resolve_model(self.config.model)
+        self._pad_token_id = _pad_token_id(self._model_path)
+        use_gpu = self._use_gpu()
+        if not use_gpu:
+            from learner import verl_cpu
+
+            verl_cpu.activate()
+        self._actor = self._worker_group("actor", forward_only=False, use_gpu=use_gpu)
+        self._actor.reset()
+        self._actor.set_loss_fn(self._policy_loss())
+        if self.config.kl_coef > 0:
+            self._reference = self._worker_group("reference", forward_only=True, use_gpu=use_gpu)
+            self._reference.reset()
+        return self
+
+    def _use_gpu(self) -> bool:
+        import ray
+
+        if self.config.gpu is not None:
+            return self.config.gpu
+        return ray.cluster_resources().get("GPU", 0) >= self.config.dp
+
+    def _worker_group(self, name: str, *, forward_only: bool, use_gpu: bool) -> Any:  # noqa: ANN401
+        import ray
+        from verl.single_controller.ray import (
+            RayClassWithInitArgs,
+            RayResourcePool,
+            RayWorkerGroup,
+        )
+
+        from learner import verl_cpu
+        from learner.verl_workers import PolicyWorker
+
+        config = self._worker_config(forward_only=forward_only, use_gpu=use_gpu)
+        actor_class = RayClassWithInitArgs(cls=ray.remote(PolicyWorker), config=config)
+        if use_gpu:
+            pool = RayResourcePool(process_on_nodes=[self.config.dp], use_gpu=True, max_colocate_count=1)
+            env: dict[str, str] = {}
+        else:
+            actor_class.update_options({"num_cpus": self.config.num_cpus_per_worker})
+            pool = RayResourcePool(process_on_nodes=[self.config.dp], use_gpu=False,
+                                   max_colocate_count=self.config.num_cpus_per_worker)
+            env = verl_cpu.worker_env()
+        self._pools.append(pool)
+        return RayWorkerGroup(resource_pool=pool, ray_cls_with_init=actor_class, worker_env=env,
+                              device_name="cuda" if use_gpu else "cpu",
+                              name_prefix=f"turnstile_{name}_{uuid.uuid4().hex[:8]}_")
+
+    def _worker_config(self, *, forward_only: bool, use_gpu: bool) -> Any:  # noqa: ANN401
+        from verl.workers.config import (
+            FSDPEngineConfig,
+            FSDPOptimizerConfig,
+            HFModelConfig,
+        )
+        from verl.workers.engine_workers import TrainingWorkerConfig
+
+        from learner import verl_cpu
+
+        c = self.config
+        model = HFModelConfig(path=self._model_path, use_remove_padding=use_gpu,
+                              enable_gradient_checkpointing=c.gradient_checkpointing,
+                              override_config={} if use_gpu else {"attn_implementation": "sdpa"})
+        engine_settings: dict[str, Any] = {"strategy": "fsdp2"} if use_gpu else dict(verl_cpu.CPU_ENGINE_SETTINGS)
+        engine = FSDPEngineConfig(forward_only=forward_only, use_dynamic_bsz=False,
+                                  micro_batch_size_per_gpu=c.micro_batch,
+                                  infer_micro_batch_size_per_gpu=c.micro_batch,
+                                  use_torch_compile=False, use_remove_padding=use_gpu, seed=c.seed,
+                                  **engine_settings)
+        optimizer = None if forward_only else FSDPOptimizerConfig(
+            lr=c.lr, weight_decay=c.weight_decay, clip_grad=c.grad_clip,
+            total_training_steps=c.total_steps, lr_warmup_steps=c.warmup_steps)
+        return TrainingWorkerConfig(model_type="language_model", model_config=model, engine_config=engine,
+                                    optimizer_config=optimizer, checkpoint_config=None)
+
+    def _policy_loss(self) -> Any:  # noqa: ANN401
+        from verl.workers.config import ActorConfig
+        from verl.workers.utils.losses import ppo_loss
+
+        c = self.config
+        actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_mini_batch_size=c.mini_batch,
+                            ppo_micro_batch_size_per_gpu=c.micro_batch, clip_ratio_low=c.clip_ratio_low,
+                            clip_ratio_high=c.clip_ratio_high, loss_agg_mode=c.loss_agg_mode,
+                            entropy_coeff=c.entropy_coeff, use_kl_loss=c.kl_coef > 0,
+                            kl_loss_coef=c.kl_coef, kl_loss_type=c.kl_type,
+                            policy_loss={"loss_mode": c.loss})
+        return partial(ppo_loss, config=actor)
+
+    # -- updates -------------------------------------------------------------------------------
+    def rl_step(self, trajectories: Sequence[Trajectory], estimator: Estimator, *,
+                seed: int | None = None) -> StepReport:
+        """One policy update on credited trajectories (advantages already assigned).
+
+        Samples are downsampled to a multiple of lcm(dp, mini_batch) (ALGORITHMS.md §8); the group
+        normalisation is then recomputed over the survivors with ``estimator``. Fewer samples than
+        one multiple: nothing trains and the report says how many wait.
+        """
+        seed = self.config.seed + self.step if seed is None else seed
+        samples = samples_from_trajectories(trajectories)
+        picked = downsample(samples, self.config.dp, self.config.mini_batch, seed)
+        if not picked.kept:
+            return StepReport(trained=False, waiting=len(picked.waiting))
+        survivors = renormalise(trajectories, picked.kept, estimator)
+        report = self.train_rl(survivors.samples, seed=seed)
+        report.dropped = picked.dropped_count
+        report.lost_fraction = picked.lost_fraction
+        report.stats = dict(survivors.stats)
+        return report
+
+    def train_rl(self, samples: Sequence[Sample], *, seed: int | None = None) -> StepReport:
+        """One PPO/GSPO update on ``samples`` (a multiple of ``mini_batch`` of them)."""
+        return self._train(samples, sft=False, seed=seed)
+
+    def train_sft(self, samples: Sequence[Sample], *, seed: int | None = None) -> StepReport:
+        """One SFT update: weighted token-mean cross-entropy on the policy tokens of ``samples``."""
+        from learner.verl_workers import weighted_sft_loss
+
+        self._require_started()
+        self._actor.set_loss_fn(partial(weighted_sft_loss, None))
+        try:
+            return self._train(samples, sft=True, seed=seed)
+        finally:
+            self._actor.set_loss_fn(self._policy_loss())
+
+    def _train(self, samples: Sequence[Sample], *, sft: bool, seed: int | None) -> StepReport:
+        from verl.utils import tensordict_utils as tu
+
+        self._require_started()
+        c = self.config
+        seed = c.seed + self.step if seed is None else seed
+        layout = rank_major_layout(mini_batches(samples, c.mini_batch, seed), c.dp)
+        data, padded = self._tensordict(layout)
+        if not sft:
+            if c.recompute_old_log_probs:
+                data["old_log_probs"] = self._log_probs(self._actor, layout)
+            if self._reference is not None:
+                data["ref_log_prob"] = self._log_probs(self._reference, layout)
+        tu.assign_non_tensor(data, global_batch_size=c.mini_batch, mini_batch_size=c.mini_batch,
+                             epochs=c.epochs, seed=seed, temperature=1.0)
+        output = self._actor.train_mini_batch(data).get()
+        metrics = _flatten_metrics(tu.get(output, "metrics"))
+        self.step += 1
+        return StepReport(trained=True, samples=len(layout),
+                          tokens=int(padded.tensors["attention_mask"].sum()),
+                          truncated_tokens=padded.truncated_tokens, metrics=metrics)
+
+    def log_probs(self, samples: Sequence[Sample]) -> torch.Tensor:
+        """Current-policy log-probs of each sample's response tokens (padded, 0 past the end)."""
+        self._require_started()
+        return self._log_probs(self._actor, list(samples))
+
+    def _log_probs(self, group: Any, samples: Sequence[Sample]) -> torch.Tensor:  # noqa: ANN401
+        from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        rows = list(samples)
+        extra = (-len(rows)) % self.config.dp
+        # Inference may pad with copies (no gradient flows); their outputs are discarded.
+        data, _ = self._tensordict(rows + rows[:extra])
+        # One sequence per forward: any count splits evenly, and inference holds no activations.
+        tu.assign_non_tensor(data, compute_loss=False, temperature=1.0, micro_batch_size_per_gpu=1)
+        output = group.infer_batch(data).get()
+        values = no_padding_2_padding(tu.get(output, "log_probs"), data)
+        return values[:len(rows)].float()
+
+    def _tensordict(self, samples: Sequence[Sample]) -> tuple[Any, Any]:  # noqa: ANN401
+        from verl import DataProto
+        from verl.workers.utils.padding import left_right_2_no_padding
+
+        padded = collate(samples, self._pad_token_id, max_length=self.config.max_length)
+        data = DataProto.from_single_dict(padded.single_dict()).to_tensordict()
+        return left_right_2_no_padding(data), padded
+
+    # -- weights and checkpoints -----------------------------------------------------------------
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """The policy's full parameters under their Hugging Face names, on CPU."""
+        self._require_started()
+        gathered = [w for w in self._actor.full_weights() if w is not None]
+        return gathered[0]
+
+    def save(self, directory: str | Path) -> Path:
+        """Model, optimiser, scheduler and RNG state (veRL's checkpoint), plus step and version."""
+        self._require_started()
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self._actor.save_checkpoint(str(directory / "actor"), global_step=self.step)
+        if self._reference is not None:
+            pass  # the reference never changes: it is rebuilt from the model path on resume
+        state = {"step": self.step, "weights_version": self.weights_version, "model": self._model_path,
+                 "config": asdict(self.config)}
+        tmp = directory / "learner.json.tmp"
+        tmp.write_text(json.dumps(state, indent=1))
+        os.replace(tmp, directory / "learner.json")
+        return directory
+
+    def load(self, directory: str | Path) -> None:
+        """Resume from :meth:`save`'s directory: the next step continues where that run stopped."""
+        self._require_started()
+        directory = Path(directory)
+        state_file = directory / "learner.json"
+        if not state_file.is_file():
+            raise LearnerError(f"{directory} is not a learner checkpoint (no learner.json): pass the "
+                               "directory a previous run's Learner.save wrote")
+        state = json.loads(state_file.read_text())
+        self._actor.load_checkpoint(str(directory / "actor"), del_local_after_load=False)
+        self.step = int(state["step"])
+        self.weights_version = int(state["weights_version"])
+
+    def close(self) -> None:
+        """Stop the worker processes."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for group in (self._actor, self._reference):
+            if group is not None:
+                for worker in group.workers:
+                    ray.kill(worker)
+        for pool in self._pools:
+            for pg in pool.pgs or []:
+                remove_placement_group(pg)
+        self._actor = self._reference = None
+        self._pools = []
+
+    def _require_started(self) -> None:
+        if self._actor is None:
+            raise LearnerError("the learner is not started: call Learner.start() first")
+
+
+def _pad_token_id(model_path: str) -> int:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    for value in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def _flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """veRL returns lists per mini-batch (and Metric objects): the mean of each, as floats."""
+    flat: dict[str, float] = {}
+    for key, value in metrics.items():
+        values = value if isinstance(value, list) else [value]
+        numbers = [float(getattr(v, "value", v)) for v in values if _is_number(getattr(v, "value", v))]
+        if numbers:
+            flat[key] = sum(numbers) / len(numbers)
+    return flat
+
+
+def _is_number(value: object) -> bool:
+    try:
+        return math.isfinite(float(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False

@@ -1,0 +1,63 @@
+"""The veRL side of the learner: our training worker and the SFT loss, both run inside veRL workers.
+
+This module imports veRL, so a process must have its environment set first (``learner.verl_cpu``
+on CPU); :mod:`learner.trainer` imports it only after doing so.
+
+``PolicyWorker`` is veRL's :class:`~verl.workers.engine_workers.TrainingWorker` (FSDP2 engine, loss
+set by the controller) plus one call veRL's worker lacks for a separate rollout fleet:
+``full_weights`` gathers the full (unsharded) parameters under their Hugging Face names, which is what
+our policy engines load. Everything else — updates, log-probs, checkpoints — is veRL's own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils import tensordict_utils as tu
+from verl.utils.metric import AggregationType, Metric
+from verl.workers.engine_workers import TrainingWorker
+from verl.workers.utils.padding import no_padding_2_padding
+
+
+class PolicyWorker(TrainingWorker):
+    """veRL's training worker with a full-weights export for publishing to the rollout engines."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def full_weights(self) -> dict[str, torch.Tensor] | None:
+        """Every rank takes part in gathering the shards; rank 0 returns the tensors (on CPU)."""
+        params, _ = self.engine.get_per_tensor_param()
+        gathered = {name: tensor.detach().to("cpu", copy=True) for name, tensor in params}
+        return gathered if self.rank == 0 else None
+
+
+def weighted_sft_loss(config: Any, model_output: TensorDict, data: TensorDict,  # noqa: ANN401
+                      dp_group: object = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Token-mean cross-entropy over policy tokens, each token weighted by ``loss_weights``.
+
+    Observation and padding tokens have ``response_mask`` 0 and do not count; ABC-SFT's per-turn
+    weights w(r) (ALGORITHMS.md §6) arrive as ``loss_weights`` (1.0 for plain SFT). The mean is over the
+    whole global batch, as veRL's losses do: the sum on this rank is divided by the batch's policy
+    token count and multiplied by the data-parallel size (the gradients are averaged over ranks).
+    """
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    fields = data.select("response_mask", "loss_weights").to_padded_tensor()
+    mask = fields["response_mask"].to(log_prob.dtype)
+    weights = fields["loss_weights"].to(log_prob.dtype)
+    batch_num_tokens = data["batch_num_tokens"]
+    dp_size = data["dp_size"]
+    scale = dp_size / max(float(batch_num_tokens), 1.0)
+    loss = -(log_prob * weights * mask).sum() * scale
+    # Partial sums like the loss: veRL sums them over micro-batches and averages over ranks, which
+    # gives the mean over the batch's policy tokens.
+    metrics = {"sft/nll": Metric(value=(-(log_prob * mask).sum() * scale).item(), aggregation=AggregationType.SUM),
+               "sft/weight_mean": Metric(value=((weights * mask).sum() * scale).item(),
+                                         aggregation=AggregationType.SUM)}
+    return loss, metrics
+
+
+def set_batch_info(data: TensorDict, **values: object) -> None:
+    """Attach non-tensor settings (mini-batch size, epochs, ...) to a batch, veRL's way."""
+    tu.assign_non_tensor(data, **values)

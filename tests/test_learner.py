@@ -1,0 +1,194 @@
+"""The learner on veRL's real trainer (FSDP2 engine, CPU platform plugin) with the tiny model.
+
+Learners start in Ray (session cluster): about 25 s each on these two cores. One DP=1 learner serves
+the module; the DP=2 and resume tests start their own.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import torch
+
+from cluster.config import load_config
+from cluster.score import ScoreConfig, score_saved
+from learner.batch import Sample
+from learner.credit.registry import build_estimator, estimator_class
+from learner.publish import PublishError, publish, write_checkpoint
+from learner.trainer import Learner, LearnerConfig, LearnerError, rank_major_layout
+from rollout.engines.base import SamplingParams
+from rollout.trajectory import load_trajectories
+from tests.test_episode import (  # noqa: F401 - fixtures
+    chat,
+    expert,
+    tasks,
+    toolbox,
+    world,
+)
+from tests.test_score import EXAMPLE, saved  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.integration]
+
+
+def random_samples(count: int, seed: int = 0, weight: float = 1.0) -> list[Sample]:
+    """Samples shaped like segments: a prompt, then policy tokens interleaved with observations."""
+    rng = random.Random(seed)
+    samples = []
+    for i in range(count):
+        response = [rng.randint(10, 400) for _ in range(rng.randint(6, 40))]
+        mask = [1 if j % 7 < 5 else 0 for j in range(len(response))]
+        samples.append(Sample(
+            uid=f"u{i // 4}", trajectory=(f"u{i // 4}", i % 4), segment=0,
+            prompt_ids=[rng.randint(10, 400) for _ in range(rng.randint(4, 12))],
+            response_ids=response, response_mask=mask,
+            advantages=[rng.uniform(-1, 1) * m for m in mask],
+            old_log_probs=[-rng.uniform(3, 7) * m for m in mask],
+            loss_weights=[weight * m for m in mask], weights_version=0))
+    return samples
+
+
+@pytest.fixture(scope="module")
+def learner(ray_local: None) -> Iterator[Learner]:  # noqa: ARG001
+    learner = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-3,
+                                    recompute_old_log_probs=True)).start()
+    yield learner
+    learner.close()
+
+
+def test_config_errors_name_the_setting() -> None:
+    with pytest.raises(LearnerError, match="mini_batch=6 must be a multiple of learner.dp=4"):
+        LearnerConfig(dp=4, mini_batch=6)
+    with pytest.raises(LearnerError, match="micro_batch=3 must divide"):
+        LearnerConfig(dp=2, mini_batch=8, micro_batch=3)
+    with pytest.raises(LearnerError, match="learner.loss='ppo'"):
+        LearnerConfig(loss="ppo")
+    with pytest.raises(LearnerError, match="not started"):
+        Learner(LearnerConfig()).full_weights()
+
+
+def test_rank_major_layout_gives_each_rank_its_share_of_every_mini_batch() -> None:
+    samples = random_samples(8)
+    batches = [samples[:4], samples[4:]]
+    layout = rank_major_layout(batches, dp=2)
+    rank0, rank1 = layout[:4], layout[4:]
+    # veRL walks each rank's half in mini-batches of 2: the k-th of both ranks is our k-th batch.
+    assert {s.key for s in rank0[:2] + rank1[:2]} == {s.key for s in batches[0]}
+    assert {s.key for s in rank0[2:] + rank1[2:]} == {s.key for s in batches[1]}
+    assert sorted(s.key for s in layout) == sorted(s.key for s in samples)
+
+
+def test_dp2_update_equals_dp1(learner: Learner) -> None:
+    """Same batch, same initial weights: the same loss and gradient norm with two ranks as with one."""
+    samples = random_samples(8, seed=3)
+    two = Learner(LearnerConfig(dp=2, mini_batch=4, micro_batch=1, lr=1e-3)).start()
+    one = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-3)).start()
+    try:
+        a = one.train_rl(samples, seed=7).metrics
+        b = two.train_rl(samples, seed=7).metrics
+    finally:
+        two.close()
+        one.close()
+    assert a["loss"] != 0.0 and a["grad_norm"] > 0.0
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+
+
+def test_sft_loss_weights_and_masks(learner: Learner) -> None:
+    doubled = learner.train_sft(random_samples(4, seed=5, weight=2.0)).metrics
+    # Same forward: the weighted token mean is twice the unweighted one.
+    assert doubled["loss"] == pytest.approx(2 * doubled["sft/nll"], rel=1e-4)
+    zero = learner.train_sft(random_samples(4, seed=5, weight=0.0)).metrics
+    assert zero["loss"] == 0.0 and zero["grad_norm"] == 0.0
+
+
+def test_resume_continues_exactly(learner: Learner, tmp_path: Path) -> None:
+    first, second = random_samples(4, seed=11), random_samples(4, seed=12)
+    learner.train_rl(first)
+    learner.weights_version = 3
+    step = learner.step
+    learner.save(tmp_path / "ckpt")
+    expected = learner.train_rl(second, seed=99).metrics
+    resumed = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-3,
+                                    recompute_old_log_probs=True)).start()
+    try:
+        with pytest.raises(LearnerError, match="not a learner checkpoint"):
+            resumed.load(tmp_path)
+        resumed.load(tmp_path / "ckpt")
+        assert (resumed.step, resumed.weights_version) == (step, 3)
+        again = resumed.train_rl(second, seed=99).metrics
+    finally:
+        resumed.close()
+    assert again["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert again["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
+
+
+def test_write_checkpoint_replaces_atomically(tmp_path: Path) -> None:
+    write_checkpoint({"a": torch.ones(2)}, tmp_path)
+    write_checkpoint({"a": torch.zeros(2)}, tmp_path)
+    from safetensors.torch import load_file
+
+    assert load_file(str(tmp_path / "model.safetensors"))["a"].sum() == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def vllm_engine():  # noqa: ANN201
+    from rollout.engines.config import EngineConfig, VllmEngineConfig
+    from rollout.engines.vllm import VllmEngine
+
+    engine = VllmEngine.from_config(EngineConfig(
+        kind="vllm", model="", dtype="float32", seed=0, max_model_len=4096,
+        vllm=VllmEngineConfig(kv_cache_memory_bytes=64 << 20, max_num_seqs=8)))
+    try:
+        yield engine
+    finally:
+        await engine.aclose()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_rl_step_on_scored_trajectories_then_publish_to_vllm(
+        learner: Learner, saved: Path, tmp_path: Path, vllm_engine) -> None:  # noqa: ANN001, F811
+    """turnstile score's output → an RL step → the vLLM engine serves the new version."""
+    config = load_config(ScoreConfig, EXAMPLE)
+    await score_saved(config, saved, tmp_path / "scored.jsonl")
+    trajectories = load_trajectories(tmp_path / "scored.jsonl")
+    assert len(trajectories) == 3
+    assert config.estimator.name == "igpo"
+    estimator = build_estimator("igpo", estimator_class("igpo").Options(**config.estimator.options))
+    report = learner.rl_step(trajectories, estimator)
+    # Three segments, mini-batches of 4: nothing trains yet, all three wait (never padded).
+    assert not report.trained and report.waiting == 3
+    more = load_trajectories(tmp_path / "scored.jsonl")
+    for trajectory in more:
+        trajectory.uid += "-b"  # a second group
+    report = learner.rl_step([*trajectories, *more], estimator)
+    assert report.trained and report.samples == 4 and report.dropped == 2
+    assert 0.0 <= report.lost_fraction < 0.5
+    assert report.metrics["grad_norm"] > 0.0
+
+    segment = trajectories[0].segments[0]
+    ids = [*segment.prompt_ids, *segment.turns[0].response_ids]
+    span = (len(segment.prompt_ids), len(ids))
+    before = (await vllm_engine.score([ids], [span]))[0]
+    weights = learner.full_weights()
+    served = await publish(vllm_engine, weights, version=1)
+    assert served == 1 and await vllm_engine.weights_version() == 1
+    after = (await vllm_engine.score([ids], [span]))[0]
+    assert max(abs(x - y) for x, y in zip(before, after, strict=True)) > 1e-3
+    # The engine now computes what the learner computes on the same tokens.
+    probe = Sample(uid="p", trajectory=("p", 0), segment=0, prompt_ids=list(segment.prompt_ids),
+                   response_ids=list(segment.turns[0].response_ids),
+                   response_mask=[1] * len(segment.turns[0].response_ids),
+                   advantages=[0.0] * len(segment.turns[0].response_ids),
+                   old_log_probs=[0.0] * len(segment.turns[0].response_ids),
+                   loss_weights=[1.0] * len(segment.turns[0].response_ids), weights_version=1)
+    learner_side = learner.log_probs([probe])[0, :len(after)].tolist()
+    assert max(abs(x - y) for x, y in zip(after, learner_side, strict=True)) < 1e-3
+    generation = await vllm_engine.generate(ids[:span[0]], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert generation.weights_version == 1
+    with pytest.raises(PublishError, match="checkpoint_dir"):
+        await publish(vllm_engine, weights, version=2, mode="checkpoint")
