@@ -16,6 +16,8 @@ from envs.tasks import Task
 
 @register_dataset("synthetic")
 def load_synthetic(cfg: DatasetConfig) -> list[Task]:
-    count = cfg.limit if cfg.limit else QuestionConfig().count
+    # With a split, the limit applies after it (load_tasks): generate the whole question set so the
+    # split has its share of it (questions are prefix-stable, so ids do not depend on the count).
+    count = cfg.limit if cfg.limit and cfg.split == "all" else QuestionConfig().count
     base_url = cfg.url_prefix.removesuffix(PAGE_PREFIX).rstrip("/")
     return load_synthetic_tasks(seed=cfg.seed, n=count, base_url=base_url)

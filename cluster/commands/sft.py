@@ -1,0 +1,49 @@
+"""``turnstile sft``: fine-tune the policy on expert trajectories or cleaned chat rows (veRL's trainer).
+
+    turnstile rollout --config examples/rollout_scripted.yaml --out runs/expert.jsonl data.split=train
+    turnstile sft --config examples/sft.yaml data.path=runs/expert.jsonl
+    turnstile data clean --in raw.jsonl --out runs/clean.jsonl && \\
+        turnstile sft --config examples/sft.yaml data.path=runs/clean.jsonl
+
+Prints the evaluation before training (share of well-formed turns on held-out tasks), the loss every
+``log_every`` steps, the evaluation after, and where the model was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from cluster.config import ConfigError, dump_config, load_config
+from cluster.sft import SftJob, run_sft
+from learner.sft import SftDataError
+from learner.trainer import LearnerError
+
+NAME = "sft"
+HELP = "Supervised fine-tuning on trajectories or chat rows, with evaluation before and after."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.yaml", help="experiment YAML (default: built-in)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, e.g. data.path=runs/expert.jsonl steps=100")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        job = load_config(SftJob, args.config, args.overrides)
+    except (ConfigError, LearnerError) as error:
+        print(f"turnstile sft: {error}")
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        from pathlib import Path
+
+        Path(job.out).mkdir(parents=True, exist_ok=True)
+        (Path(job.out) / "config.yaml").write_text(dump_config(job))
+        run_sft(job, progress=not args.no_progress)
+    except (SftDataError, LearnerError, ValueError, FileNotFoundError) as error:
+        print(f"turnstile sft: {error}")
+        return 1
+    return 0

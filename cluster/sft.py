@@ -1,0 +1,152 @@
+"""``turnstile sft``: supervised fine-tuning on veRL's trainer, with before/after evaluation.
+
+The job: load samples (:mod:`learner.sft`), measure the policy (rollouts on held-out tasks: the share
+of well-formed turns, answer rate, accuracy), train ``steps`` mini-batches with the weighted SFT loss
+(:class:`learner.trainer.Learner`), evaluate every ``eval.every`` steps and at the end, and write a
+Hugging Face model directory (``out/model``) that any engine loads, plus the learner checkpoint
+(``out/checkpoint``) that ``resume=true`` continues from.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from cluster.rollout import RayConfig, RolloutConfig, init_ray, run_rollout
+from envs.datasets.registry import DatasetConfig
+from envs.env import EnvConfig
+from learner.batch import Sample
+from learner.publish import save_hf_model
+from learner.sft import load_sft_samples, well_formed_share
+from learner.trainer import Learner, LearnerConfig
+from rollout.chat import ChatFormat
+from rollout.episode import EpisodeConfig
+from rollout.model_store import resolve_model
+from rollout.trajectory import load_trajectories
+
+
+def _eval_rollout() -> RolloutConfig:
+    rollout = RolloutConfig()
+    rollout.data = DatasetConfig(kind="synthetic", path="", split="eval", limit=8)
+    rollout.group_size = 2
+    rollout.engine.kind = "hf"
+    rollout.fleet.workers = 1
+    rollout.fleet.episodes_per_worker = 16
+    rollout.episode = EpisodeConfig(max_new_tokens=160, context_budget=2048, env=EnvConfig(max_turns=6))
+    return rollout
+
+
+@dataclass
+class SftDataConfig:
+    path: str = ""  # `turnstile rollout --out` trajectories or `turnstile data clean --out` rows
+    format: str = "auto"  # auto | trajectories | chat
+    weighting: str = "unit"  # unit | abc (ABC-SFT per-turn weights)
+
+
+@dataclass
+class SftEvalConfig:
+    every: int = 0  # evaluate every N steps as well; 0 = only before and after training
+    before: bool = True
+    rollout: RolloutConfig = field(default_factory=_eval_rollout)
+
+
+@dataclass
+class SftJob:
+    data: SftDataConfig = field(default_factory=SftDataConfig)
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(
+        mini_batch=8, micro_batch=4, lr=1e-3, total_steps=300, warmup_steps=10, max_length=1024))
+    steps: int = 300
+    log_every: int = 10
+    out: str = "runs/sft"
+    resume: bool = False
+    eval: SftEvalConfig = field(default_factory=SftEvalConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+
+@dataclass
+class Evaluation:
+    step: int
+    well_formed: float
+    turns: int
+    answer_rate: float
+    accuracy: float
+
+    def render(self) -> str:
+        return (f"eval @ step {self.step}: well-formed turns {self.well_formed:.1%} of {self.turns}, "
+                f"answered {self.answer_rate:.1%}, correct {self.accuracy:.1%}")
+
+
+def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
+    """The whole job (see the module doc); returns the evaluations in order."""
+    if not job.data.path:
+        raise ValueError("data.path is empty: pass the SFT data, e.g. data.path=runs/expert.jsonl "
+                         "(`turnstile rollout --out`) or the output of `turnstile data clean`")
+    if job.steps < 1:
+        raise ValueError("steps must be >= 1")
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    init_ray(job.ray)
+    base = resolve_model(job.learner.model)
+    chat = ChatFormat.from_pretrained(base)
+    samples = load_sft_samples(job.data.path, chat, fmt=job.data.format, weighting=job.data.weighting)
+    print(f"sft: {len(samples)} samples from {job.data.path} ({sum(s.num_tokens for s in samples):,} "
+          f"tokens before truncation to {job.learner.max_length}), {job.steps} steps of "
+          f"{job.learner.mini_batch}, model {base}")
+    evaluations: list[Evaluation] = []
+    if job.eval.before and not job.resume:
+        evaluations.append(evaluate(job, base, out, step=0))
+        print(evaluations[-1].render())
+    learner = Learner(replace(job.learner, model=base)).start()
+    try:
+        if job.resume and (out / "checkpoint" / "learner.json").is_file():
+            learner.load(out / "checkpoint")
+            print(f"resumed at step {learner.step}")
+        rng = random.Random(job.learner.seed)
+        order: list[Sample] = []
+        bar = tqdm(total=job.steps, initial=learner.step, disable=not progress, desc="sft", unit="step")
+        losses: list[float] = []
+        started = time.monotonic()
+        while learner.step < job.steps:
+            if len(order) < job.learner.mini_batch:
+                refill = list(samples)
+                rng.shuffle(refill)
+                order.extend(refill)
+            batch, order = order[:job.learner.mini_batch], order[job.learner.mini_batch:]
+            report = learner.train_sft(batch)
+            losses.append(report.metrics.get("loss", float("nan")))
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if learner.step % job.log_every == 0:
+                recent = losses[-job.log_every:]
+                bar.write(f"step {learner.step}: loss {sum(recent) / len(recent):.4f}, grad norm "
+                          f"{report.metrics.get('grad_norm', float('nan')):.3f}, "
+                          f"{report.tokens} tokens, {time.monotonic() - started:.0f} s")
+            if job.eval.every and learner.step % job.eval.every == 0 and learner.step < job.steps:
+                model = save_hf_model(learner.full_weights(), base, out / "model")
+                evaluations.append(evaluate(job, str(model), out, step=learner.step))
+                bar.write(evaluations[-1].render())
+        bar.close()
+        learner.save(out / "checkpoint")
+        model = save_hf_model(learner.full_weights(), base, out / "model")
+    finally:
+        learner.close()
+    evaluations.append(evaluate(job, str(model), out, step=job.steps))
+    print(evaluations[-1].render())
+    (out / "evaluations.json").write_text(json.dumps([vars(e) for e in evaluations], indent=1))
+    print(f"model: {model}  (load it with engine.model={model})")
+    return evaluations
+
+
+def evaluate(job: SftJob, model: str, out: Path, *, step: int) -> Evaluation:
+    """Rollouts of ``model`` on the held-out tasks; the share of turns it writes well-formed."""
+    rollout = replace(job.eval.rollout, engine=replace(job.eval.rollout.engine, model=model))
+    path = out / f"eval-step{step}.jsonl"
+    summary = run_rollout(rollout, path, progress=False)
+    share, turns = well_formed_share(load_trajectories(path))
+    return Evaluation(step=step, well_formed=share, turns=turns, answer_rate=summary.answer_rate,
+                      accuracy=summary.accuracy)
