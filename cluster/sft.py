@@ -46,6 +46,7 @@ class SftDataConfig:
     path: str = ""  # `turnstile rollout --out` trajectories or `turnstile data clean --out` rows
     format: str = "auto"  # auto | trajectories | chat
     weighting: str = "unit"  # unit | abc (ABC-SFT per-turn weights)
+    resample: str = ""  # turn-aware resampling of trajectories, e.g. "50:1,100:2,inf:5" ("" = none)
 
 
 @dataclass
@@ -93,7 +94,8 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
     init_ray(job.ray)
     base = resolve_model(job.learner.model)
     chat = ChatFormat.from_pretrained(base)
-    samples = load_sft_samples(job.data.path, chat, fmt=job.data.format, weighting=job.data.weighting)
+    samples = load_sft_samples(job.data.path, chat, fmt=job.data.format, weighting=job.data.weighting,
+                               resample=job.data.resample)
     print(f"sft: {len(samples)} samples from {job.data.path} ({sum(s.num_tokens for s in samples):,} "
           f"tokens before truncation to {job.learner.max_length}), {job.steps} steps of "
           f"{job.learner.mini_batch}, model {base}")

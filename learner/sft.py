@@ -26,6 +26,7 @@ from learner.batch import (
     samples_from_trajectories,
     unit_weight,
 )
+from learner.sft_data import copies_for, parse_resample
 from rollout.chat import ChatFormat
 from rollout.trajectory import Segment, Trajectory, Turn, load_trajectories
 
@@ -58,8 +59,13 @@ def detect_format(path: Path) -> str:
 
 
 def load_sft_samples(path: str | Path, chat: ChatFormat, *, fmt: str = "auto",
-                     weighting: str = "unit") -> list[Sample]:
-    """Every training sample of ``path``."""
+                     weighting: str = "unit", resample: str = "") -> list[Sample]:
+    """Every training sample of ``path``.
+
+    ``resample`` (e.g. ``50:1,100:2,inf:5``) repeats each trajectory's samples by its number of turns,
+    ALGORITHMS.md §10's turn-aware resampling; ``turnstile data clean`` already applies it to chat
+    rows, so it is meant for trajectory input. Empty: every sample once.
+    """
     path = Path(path)
     if not path.is_file():
         raise SftDataError(f"{path}: no such file (the SFT data: `turnstile rollout --out` or "
@@ -73,8 +79,12 @@ def load_sft_samples(path: str | Path, chat: ChatFormat, *, fmt: str = "auto",
         trajectories = load_trajectories(path)
     else:
         trajectories = list(chat_trajectories(_read_rows(path), chat, source=str(path)))
-    samples = samples_from_trajectories(trajectories, require_advantage=False,
+    samples: list[Sample] = []
+    tiers = parse_resample(resample) if resample else None
+    for trajectory in trajectories:
+        own = samples_from_trajectories([trajectory], require_advantage=False,
                                         turn_weight=WEIGHTINGS[weighting])
+        samples.extend(own * (copies_for(len(trajectory.turns), tiers) if tiers else 1))
     if not samples:
         raise SftDataError(f"{path}: no sample with at least one assistant turn")
     return samples

@@ -192,3 +192,21 @@ async def test_rl_step_on_scored_trajectories_then_publish_to_vllm(
     assert generation.weights_version == 1
     with pytest.raises(PublishError, match="checkpoint_dir"):
         await publish(vllm_engine, weights, version=2, mode="checkpoint")
+
+
+def test_gspo_loss_with_kl_to_the_reference(ray_local: None) -> None:  # noqa: ARG001
+    """GSPO's sequence-level ratio and low_var_kl to a frozen reference, through veRL's ppo_loss."""
+    gspo = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-2, loss="gspo",
+                                 clip_ratio_low=3e-4, clip_ratio_high=4e-4, kl_coef=0.1,
+                                 loss_agg_mode="seq-mean-token-mean", recompute_old_log_probs=True)).start()
+    try:
+        samples = random_samples(4, seed=21)
+        first = gspo.train_rl(samples).metrics
+        second = gspo.train_rl(samples).metrics
+    finally:
+        gspo.close()
+    # On-policy first step: the policy is the reference (KL 0) and the ratio is 1 (nothing clipped).
+    assert first["kl_loss"] == pytest.approx(0.0, abs=1e-6)
+    assert first["actor/pg_clipfrac"] == 0.0
+    # After an update the policy has moved away from the reference.
+    assert second["kl_loss"] > 1e-6

@@ -92,6 +92,11 @@ def test_abc_weighting_and_trajectory_input(tmp_path: Path, chat: ChatFormat) ->
     assert unit.loss_weights == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
     assert abc.loss_weights == pytest.approx([abc_sft_weight(1.8)] * 2 + [0.0] + [1.0, 1.0, 0.0])
     assert abc_sft_turn_weight(_trajectory([0.0], [True]).turns[0]) == pytest.approx(0.238406, abs=1e-6)
+    # Turn-aware resampling: the 2-turn trajectory falls in the second tier.
+    assert len(load_sft_samples(path, chat, resample="1:1,inf:3")) == 3
+    assert len(load_sft_samples(path, chat, resample="2:1,inf:3")) == 1
+    with pytest.raises(ValueError, match="bad resample tier"):
+        load_sft_samples(path, chat, resample="lots")
 
 
 def test_well_formed_share() -> None:
