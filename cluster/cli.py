@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("serve_corpus", "episode", "expert", "build_model", "rollout", "score", "credit", "data", "sft")
+COMMANDS = ("serve_corpus", "episode", "expert", "build_model", "rollout", "score", "credit", "data", "sft", "train")
 
 
 def build_parser() -> argparse.ArgumentParser:

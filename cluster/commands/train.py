@@ -1,0 +1,48 @@
+"""``turnstile train``: the main job (see :mod:`cluster.train`).
+
+    turnstile train                                   # the embedded default: synthetic world, tiny model, CPU
+    turnstile train --config examples/train.yaml steps=20 rollout.group_size=8
+    turnstile train --config examples/train.yaml resume=true   # continue from out/checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from cluster.config import ConfigError, dump_config, load_config
+from cluster.train import TrainError, TrainJob, run_train
+from learner.trainer import LearnerError
+
+NAME = "train"
+HELP = "Train the policy: rollouts, rewards, credit, veRL updates and weight publishing, step by step."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.yaml", help="experiment YAML (default: built-in)")
+    parser.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, e.g. steps=10 rollout.group_size=8")
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
+    try:
+        job = load_config(TrainJob, args.config, overrides)
+    except (ConfigError, LearnerError) as error:
+        print(f"turnstile train: {error}")
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    Path(job.out).mkdir(parents=True, exist_ok=True)
+    (Path(job.out) / "config.yaml").write_text(dump_config(job))
+    print(f"train: {job.mode}, {job.steps} steps of {job.tasks_per_step} tasks x {job.rollout.group_size} "
+          f"samples, engine {job.rollout.engine.kind}, learner dp={job.learner.dp}, out {job.out}")
+    try:
+        state = run_train(job, progress=not args.no_progress)
+    except (TrainError, LearnerError, ValueError, FileNotFoundError) as error:
+        print(f"turnstile train: {error}")
+        return 1
+    print(f"done: {state.step} steps, weights version {state.weights_version}")
+    return 0

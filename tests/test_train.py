@@ -1,0 +1,71 @@
+"""turnstile train (synchronous): steps run end to end, weights are published, resume continues."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.cli import main
+from cluster.config import load_config
+from cluster.train import TrainError, TrainJob, check, run_train, step_tasks
+from envs.tasks import Task
+from rollout.trajectory import load_trajectories
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
+SMALL = ["steps=2", "tasks_per_step=1", "rollout.group_size=4", "rollout.engine.kind=hf",
+         "rollout.episode.max_new_tokens=24", "rollout.episode.env.max_turns=2", "eval_every=2",
+         "eval_data.limit=1", "learner.mini_batch=4", "learner.micro_batch=2"]
+
+
+def test_step_tasks_walk_the_list_and_wrap() -> None:
+    tasks = [Task(id=str(i), question="q", answers=("a",)) for i in range(5)]
+    assert [t.id for t in step_tasks(tasks, 0, 2)] == ["0", "1"]
+    assert [t.id for t in step_tasks(tasks, 2, 2)] == ["4", "0"]
+
+
+def test_bad_settings_are_named() -> None:
+    with pytest.raises(TrainError, match="mode='turbo'"):
+        check(TrainJob(mode="turbo"))
+    with pytest.raises(TrainError, match="steps and tasks_per_step"):
+        check(TrainJob(steps=0))
+
+
+@pytest.mark.integration
+def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: Path,  # noqa: ARG001
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    job = load_config(TrainJob, EXAMPLE, [*SMALL, f"out={tmp_path}"])
+    state = run_train(job, progress=False)
+    printed = capsys.readouterr().out
+    assert state.step == 2 and state.weights_version == 2
+    assert "step 1 | reward" in printed and "step 2 | reward" in printed and "eval @ step 2" in printed
+    first = load_trajectories(tmp_path / "rollouts" / "step0.jsonl")
+    second = load_trajectories(tmp_path / "rollouts" / "step1.jsonl")
+    assert len(first) == len(second) == 4
+    # Step 1's rollouts ran on the weights published after step 0.
+    assert {turn.weights_version for t in first for turn in t.turns} == {0}
+    assert {turn.weights_version for t in second for turn in t.turns} == {1}
+    scored = load_trajectories(tmp_path / "scored" / "step1.jsonl")
+    assert [t.sample for t in scored] == [t.sample for t in second]
+    assert all(t.outcome is not None and all(turn.advantage is not None for turn in t.turns)
+               for t in scored)
+
+    resumed = run_train(load_config(TrainJob, EXAMPLE, [*SMALL, "steps=3", "resume=true",
+                                                          f"out={tmp_path}"]), progress=False)
+    printed = capsys.readouterr().out
+    assert "resumed at step 2 (weights version 2)" in printed
+    assert "step 3 | reward" in printed and "step 1 | reward" not in printed and "step 2 | reward" not in printed
+    assert resumed.step == 3 and resumed.weights_version == 3
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert [int(m["step"]) for m in history] == [1, 2, 3]
+    assert all("format/ok_rate" in m and "time/rollout_s" in m and "learner/loss" in m for m in history)
+    assert (tmp_path / "tensorboard").is_dir() and any((tmp_path / "tensorboard").iterdir())
+    third = load_trajectories(tmp_path / "rollouts" / "step2.jsonl")
+    assert {turn.weights_version for t in third for turn in t.turns} == {2}
+
+
+def test_command_rejects_unknown_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--config", str(EXAMPLE), "learner.lr_typo=1"])
+    assert done.value.code == 2 and "lr_typo" in capsys.readouterr().out
