@@ -1,11 +1,12 @@
-"""``turnstile train``: the main job, synchronous form.
+"""``turnstile train``: the main job.
 
-Each step: the step's tasks × G samples → the rollout fleet (Ray workers driving the policy engines)
+``mode=sync`` — each step: the step's tasks × G samples → the rollout fleet (Ray workers driving the policy engines)
 → reward plugins on every group → credit assignment → one learner update (downsampled to the
 data-parallel size) → the new weights published to the engines under the next version. Every
 ``eval_every`` steps the policy is measured on held-out tasks; every ``checkpoint_every`` steps the
 learner and the run's position are saved, and ``resume=true`` continues from there without repeating
-or skipping a step.
+or skipping a step. ``mode=async`` keeps rollout running while rewards and updates happen, under a
+staleness bound (:mod:`cluster.train_async`); both modes share :meth:`Run.learn`.
 """
 
 from __future__ import annotations
@@ -27,17 +28,20 @@ from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.tasks import Task
 from learner.credit import build_estimator, estimator_class
+from learner.credit.registry import Estimator
 from learner.credit.rollout import assign_credit
 from learner.publish import publish
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rewards.base import RewardSpec, build_reward, parse_options
+from rewards.service import RewardServiceConfig
 from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
+from rollout.store import StoreConfig
 from rollout.trajectory import Trajectory, save_trajectories
 from rollout.workers import WorkerSpec, start_workers
 
-MODES = ("sync",)
+MODES = ("sync", "async")
 
 
 def _default_rollout() -> RolloutConfig:
@@ -48,7 +52,8 @@ def _default_rollout() -> RolloutConfig:
 
 @dataclass
 class TrainJob:
-    mode: str = "sync"
+    mode: str = "sync"  # sync | async (see cluster/train_async.py)
+    staleness: int = 1  # η: async rollout runs at most this many versions ahead; older samples drop
     steps: int = 4
     tasks_per_step: int = 2  # tasks per step; each gets rollout.group_size samples
     rollout: RolloutConfig = field(default_factory=_default_rollout)  # data, engine, fleet, episode, ...
@@ -63,13 +68,18 @@ class TrainJob:
     checkpoint_every: int = 1
     out: str = "runs/train"
     resume: bool = False
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # tensorboard_dir "" = out/tensorboard
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)  # async: memory (default) or redis
+    reward_service: RewardServiceConfig = field(default_factory=lambda: RewardServiceConfig(workers=1))  # tensorboard_dir "" = out/tensorboard
 
 
 @dataclass
 class RunState:
     step: int = 0
     weights_version: int = 0
+    cursor: int = 0  # async: groups started so far (the next task and uid)
+    accepted: int = 0  # async: samples finished so far
+    dropped_stale: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -91,6 +101,7 @@ def step_tasks(tasks: list[Task], step: int, per_step: int) -> list[Task]:
 
 
 def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
+    """Set up the fleet, the learner and the metrics, run the configured loop, tear everything down."""
     check(job)
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,10 +110,6 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
     estimator = build_estimator(job.estimator.name, parse_options(
         estimator_class(job.estimator.name).Options, job.estimator.options,
         f"estimator {job.estimator.name!r}"))
-    state = RunState()
-    learner = Learner(replace(job.learner, model=model))
-    sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir or str(out / "tensorboard")),
-                       run_name=out.name)
     with serve_corpus(job.rollout.corpus) as corpus:
         prefix = corpus.base_url + PAGE_PREFIX
         tasks = load_tasks(replace(job.rollout.data, url_prefix=job.rollout.data.url_prefix or prefix))
@@ -118,54 +125,111 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
                                 job.rollout.fleet.episodes_per_worker, job.rollout.fleet.worker_cpus,
                                 job.rollout.fleet.worker_restarts,
                                 name_prefix=f"turnstile-{uuid.uuid4().hex[:8]}-")
+        sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
+                                   or str(out / "tensorboard")), run_name=out.name)
+        run = Run(job, out, Learner(replace(job.learner, model=model)), router, workers, tasks, eval_tasks,
+                  estimator, sink, progress)
         try:
-            learner.start()
-            if job.resume and (out / "checkpoint" / "learner.json").is_file():
-                learner.load(out / "checkpoint")
-                state = _load_state(out)
-                asyncio.run(publish(router, learner.full_weights(), state.weights_version))
-                print(f"resumed at step {state.step} (weights version {state.weights_version})")
-            while state.step < job.steps:
-                started = time.monotonic()
-                batch = step_tasks(tasks, state.step, job.tasks_per_step)
-                episodes = [(task, f"s{state.step}-{task.id}", sample)
-                            for task in batch for sample in range(job.rollout.group_size)]
-                trajectories, failed, rerun = collect(workers, episodes, job.rollout.fleet,
-                                                      out / "rollouts" / f"step{state.step}.jsonl",
-                                                      progress)
-                rolled = time.monotonic()
-                asyncio.run(_score(job, trajectories))
-                assign_credit(trajectories, estimator)
-                save_trajectories(trajectories, out / "scored" / f"step{state.step}.jsonl")
-                scored = time.monotonic()
-                report = learner.rl_step(trajectories, estimator, seed=job.learner.seed + state.step)
-                trained = time.monotonic()
-                if report.trained:
-                    state.weights_version += 1
-                    learner.weights_version = state.weights_version
-                    asyncio.run(publish(router, learner.full_weights(), state.weights_version))
-                published = time.monotonic()
-                state.step += 1
-                metrics = step_metrics(trajectories, wall_s=rolled - started, report=report,
-                                       current_version=state.weights_version,
-                                       timings={"rollout": rolled - started, "reward": scored - rolled,
-                                                "learner": trained - scored, "publish": published - trained})
-                metrics.update({"rollout/failed": float(failed), "rollout/rerun": float(rerun),
-                                "weights/version": float(state.weights_version)})
-                if job.eval_every and state.step % job.eval_every == 0:
-                    metrics.update(_evaluate(job, workers, eval_tasks, state.step, out, progress))
-                    print(f"eval @ step {state.step}: accuracy {metrics['eval/accuracy']:.1%}, "
-                          f"format {metrics['eval/format_rate']:.1%}")
-                state.history.append({"step": float(state.step), **sink.log(metrics, state.step)})
-                if job.checkpoint_every and state.step % job.checkpoint_every == 0:
-                    learner.save(out / "checkpoint")
-                    _save_state(out, state)
+            run.learner.start()
+            run.resume_if_asked()
+            if job.mode == "sync":
+                run.sync_loop()
+            else:
+                from cluster.train_async import async_loop
+
+                asyncio.run(async_loop(run))
         finally:
             sink.close()
-            learner.close()
+            run.learner.close()
             for actor in [*workers, *engines]:
                 ray.kill(actor)
-    return state
+    return run.state
+
+
+class Run:
+    """What one training run holds, and the bookkeeping both loops share."""
+
+    def __init__(self, job: TrainJob, out: Path, learner: Learner, router: EngineRouter,
+                 workers: list[ray.actor.ActorHandle], tasks: list[Task], eval_tasks: list[Task],
+                 estimator: Estimator, sink: MetricsSink, progress: bool) -> None:
+        self.job, self.out, self.learner, self.router = job, out, learner, router
+        self.workers, self.tasks, self.eval_tasks = workers, tasks, eval_tasks
+        self.estimator, self.sink, self.progress = estimator, sink, progress
+        self.state = RunState()
+        self.rerun = 0
+
+    def resume_if_asked(self) -> None:
+        if not (self.job.resume and (self.out / "checkpoint" / "learner.json").is_file()):
+            return
+        self.learner.load(self.out / "checkpoint")
+        self.state = _load_state(self.out)
+        asyncio.run(publish(self.router, self.learner.full_weights(), self.state.weights_version))
+        print(f"resumed at step {self.state.step} (weights version {self.state.weights_version})")
+
+    def sync_loop(self) -> None:
+        """Generate a batch, score it, update, publish; repeat."""
+        job, state = self.job, self.state
+        while state.step < job.steps:
+            started = time.monotonic()
+            batch = step_tasks(self.tasks, state.step, job.tasks_per_step)
+            episodes = [(task, f"s{state.step}-{task.id}", sample)
+                        for task in batch for sample in range(job.rollout.group_size)]
+            trajectories, failed, rerun = collect(self.workers, episodes, job.rollout.fleet,
+                                                  self.out / "rollouts" / f"step{state.step}.jsonl",
+                                                  self.progress)
+            self.rerun += rerun
+            rolled = time.monotonic()
+            asyncio.run(_score(job, trajectories))
+            self.learn(trajectories, rolled - started, extra={"rollout/failed": float(failed),
+                                                              "time/rollout_s": rolled - started})
+
+    def learn(self, trajectories: list[Trajectory], wall_s: float,
+              extra: dict[str, float] | None = None) -> None:
+        """Credit, one update, publish, metrics, evaluation and checkpoint for one step's samples.
+
+        Samples whose oldest turn is more than ``staleness`` versions behind are dropped first
+        (only the asynchronous loop produces them).
+        """
+        job, state = self.job, self.state
+        started = time.monotonic()
+        fresh = [t for t in trajectories
+                 if state.weights_version - min((turn.weights_version for turn in t.turns), default=0)
+                 <= job.staleness]
+        stale = len(trajectories) - len(fresh)
+        state.dropped_stale += stale
+        if fresh:
+            assign_credit(fresh, self.estimator)
+        save_trajectories(trajectories, self.out / "scored" / f"step{state.step}.jsonl")
+        scored = time.monotonic()
+        report = self.learner.rl_step(fresh, self.estimator, seed=job.learner.seed + state.step) if fresh \
+            else None
+        trained = time.monotonic()
+        if report is not None and report.trained:
+            version = state.weights_version + 1
+            asyncio.run(publish(self.router, self.learner.full_weights(), version))
+            # Only now, with the engines serving it: admission (async) reads this version.
+            state.weights_version = self.learner.weights_version = version
+        published = time.monotonic()
+        state.step += 1
+        metrics = step_metrics(trajectories, wall_s=wall_s, report=report,
+                               current_version=state.weights_version - 1 if report and report.trained
+                               else state.weights_version,
+                               timings={"credit": scored - started, "learner": trained - scored,
+                                        "publish": published - trained},
+                               dropped=stale)
+        metrics.update({"rollout/rerun": float(self.rerun), "staleness/dropped_total": float(state.dropped_stale),
+                        "weights/version": float(state.weights_version), **(extra or {})})
+        if job.eval_every and state.step % job.eval_every == 0:
+            metrics.update(_evaluate(job, self.workers, self.eval_tasks, state.step, self.out, self.progress))
+            print(f"eval @ step {state.step}: accuracy {metrics['eval/accuracy']:.1%}, "
+                  f"format {metrics['eval/format_rate']:.1%}")
+        state.history.append({"step": float(state.step), **self.sink.log(metrics, state.step)})
+        if job.checkpoint_every and state.step % job.checkpoint_every == 0:
+            self.learner.save(self.out / "checkpoint")
+            _save_state(self.out, state)
+
+    def set_queue_depths(self, depths: dict[str, float]) -> None:
+        self.sink.set_queue_depths(depths)
 
 
 def _evaluate(job: TrainJob, workers: list, tasks: list[Task], step: int, out: Path,
@@ -189,11 +253,13 @@ async def _score(job: TrainJob, trajectories: list[Trajectory]) -> None:
 def _save_state(out: Path, state: RunState) -> None:
     tmp = out / "run.json.tmp"
     tmp.write_text(json.dumps({"step": state.step, "weights_version": state.weights_version,
-                               "history": state.history}))
+                               "cursor": state.cursor, "accepted": state.accepted,
+                               "dropped_stale": state.dropped_stale, "history": state.history}))
     os.replace(tmp, out / "run.json")
 
 
 def _load_state(out: Path) -> RunState:
     data = json.loads((out / "run.json").read_text())
     return RunState(step=int(data["step"]), weights_version=int(data["weights_version"]),
-                    history=list(data.get("history", [])))
+                    cursor=int(data.get("cursor", 0)), accepted=int(data.get("accepted", 0)),
+                    dropped_stale=int(data.get("dropped_stale", 0)), history=list(data.get("history", [])))

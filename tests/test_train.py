@@ -69,3 +69,27 @@ def test_command_rejects_unknown_keys(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit) as done:
         main(["train", "--config", str(EXAMPLE), "learner.lr_typo=1"])
     assert done.value.code == 2 and "lr_typo" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str, tmp_path: Path,  # noqa: ARG001
+                                                store: str, capsys: pytest.CaptureFixture[str]) -> None:
+    overrides = [*SMALL, "mode=async", "staleness=1", "steps=3", "eval_every=0", f"out={tmp_path}",
+                 f"store.kind={store}", f"store.namespace=t{tmp_path.name}",
+                 "rollout.fleet.episodes_per_worker=16", *([f"store.url={redis_url}"] if store == "redis" else [])]
+    state = run_train(load_config(TrainJob, EXAMPLE, overrides), progress=False)
+    assert state.step == 3 and state.weights_version == 3
+    # Admission: never more than (η + version + 1) batches of samples started.
+    assert state.accepted <= (1 + 3 + 1) * 4
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert [int(m["step"]) for m in history] == [1, 2, 3]
+    trained_on = [load_trajectories(tmp_path / "scored" / f"step{i}.jsonl") for i in range(3)]
+    assert all(len(batch) == 4 and all(t.outcome is not None for t in batch) for batch in trained_on)
+    # Every sample trained on is at most η versions old at its update (older ones are dropped).
+    for step, batch in enumerate(trained_on):
+        assert all(step - min(turn.weights_version for turn in t.turns) <= 1 + state.dropped_stale
+                   for t in batch)
+    keys = [(t.uid, t.sample) for batch in trained_on for t in batch]
+    assert len(keys) == len(set(keys))  # each sample reached the learner once
+    assert "step 3 | reward" in capsys.readouterr().out
