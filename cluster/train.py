@@ -22,10 +22,11 @@ from pathlib import Path
 import ray
 
 from cluster.metrics import MetricsConfig, MetricsSink, step_metrics
-from cluster.rollout import RolloutConfig, collect, init_ray, serve_corpus
+from cluster.rollout import RayConfig, RolloutConfig, collect, init_ray, serve_corpus
 from cluster.score import EstimatorEntry, RewardEntry, find_tasks, run_plugins
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
+from envs.env import EnvConfig
 from envs.tasks import Task
 from learner.credit import build_estimator, estimator_class
 from learner.credit.registry import Estimator
@@ -35,6 +36,7 @@ from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rewards.base import RewardSpec, build_reward, parse_options
 from rewards.service import RewardServiceConfig
+from rollout.episode import EpisodeConfig
 from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
 from rollout.store import StoreConfig
@@ -45,8 +47,12 @@ MODES = ("sync", "async")
 
 
 def _default_rollout() -> RolloutConfig:
+    """The embedded default (as examples/train.yaml): synthetic world, tiny model on vLLM, short turns."""
     rollout = RolloutConfig()
     rollout.data = DatasetConfig(kind="synthetic", path="", split="train")
+    rollout.fleet.episodes_per_worker = 8
+    rollout.episode = EpisodeConfig(max_new_tokens=96, context_budget=3072, env=EnvConfig(max_turns=8))
+    rollout.ray = RayConfig(num_cpus=4)
     return rollout
 
 
@@ -64,7 +70,7 @@ class TrainJob:
     estimator: EstimatorEntry = field(default_factory=lambda: EstimatorEntry(name="grpo"))
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(mini_batch=4, micro_batch=2,
                                                                          lr=1e-4, max_length=4096))
-    eval_every: int = 0  # 0 = no evaluation during training
+    eval_every: int = 2  # 0 = no evaluation during training
     checkpoint_every: int = 1
     out: str = "runs/train"
     resume: bool = False
