@@ -188,11 +188,12 @@ def _trajectory(record: object) -> Trajectory:
         raise TrajectoryError(f"field 'schema': version {schema!r} is not supported "
                               f"(this turnstile reads version {SCHEMA_VERSION})")
     _known(obj, Trajectory, "trajectory", extra={"schema"})
+    stop_value = _get(obj, "stop_reason", str, "trajectory")  # a missing field raises TrajectoryError here
     try:
-        stop = StopReason(_get(obj, "stop_reason", str, "trajectory"))
+        stop = StopReason(stop_value)
     except ValueError:
         known = ", ".join(r.value for r in StopReason)
-        raise TrajectoryError(f"field 'stop_reason': {obj['stop_reason']!r} is not one of {known}") from None
+        raise TrajectoryError(f"field 'stop_reason': {stop_value!r} is not one of {known}") from None
     segments = [_segment(item, f"segments[{i}]")
                 for i, item in enumerate(_get(obj, "segments", list, "trajectory"))]
     return Trajectory(

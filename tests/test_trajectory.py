@@ -93,3 +93,11 @@ def test_nan_is_never_written(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         save_trajectories([trajectory], tmp_path / "nan.jsonl")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_record_without_stop_reason_is_a_trajectory_error() -> None:
+    from rollout.trajectory import Trajectory, TrajectoryError
+
+    record = {"uid": "u", "sample": 0, "task_id": "t", "question": "q", "answers": [], "segments": []}
+    with pytest.raises(TrajectoryError, match="stop_reason' is missing"):
+        Trajectory.from_json(record)
