@@ -161,7 +161,10 @@ class Learner:
         self._actor.reset()
         self._actor.set_loss_fn(self._policy_loss())
         if self.config.kl_coef > 0:
-            self._reference = self._worker_group("reference", forward_only=True, use_gpu=use_gpu)
+            # veRL builds a forward-only engine with a pinned-memory CPU offload policy and bf16
+            # weights, neither of which exists on CPU: there the reference is a training engine
+            # that is never stepped (same fp32 weights as the policy at the start).
+            self._reference = self._worker_group("reference", forward_only=use_gpu, use_gpu=use_gpu)
             self._reference.reset()
         return self
 
