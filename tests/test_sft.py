@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -124,14 +125,13 @@ def test_sft_command_trains_on_cleaned_rows(shared_data: Path, tmp_path: Path,
     with pytest.raises(SystemExit) as done:
         main(["sft", "--config", str(Path(__file__).resolve().parent.parent / "examples" / "sft.yaml"),
               "--no-progress", f"data.path={clean}", "steps=6", "log_every=3", f"out={out}",
-              "learner.mini_batch=4", "learner.micro_batch=2", "learner.max_length=512",
+              "learner.mini_batch=4", "learner.micro_batch=2", "learner.max_length=1536",
               "eval.rollout.data.limit=1", "eval.rollout.group_size=1",
               "eval.rollout.episode.env.max_turns=2", "eval.rollout.episode.max_new_tokens=16"])
     printed = capsys.readouterr().out
     assert done.value.code == 0, printed
-    losses = [float(line.split("loss ")[1].split(",")[0]) for line in printed.splitlines()
-              if line.startswith("step ")]
-    assert len(losses) == 2 and losses[1] < losses[0]
+    losses = [float(found.group(1)) for found in re.finditer(r"^step \d+: loss ([0-9.]+),", printed, re.M)]
+    assert len(losses) == 2 and losses[1] < losses[0], printed
     evaluations = json.loads((out / "evaluations.json").read_text())
     assert [e["step"] for e in evaluations] == [0, 6] and all(e["turns"] > 0 for e in evaluations)
     assert "eval @ step 0: well-formed turns" in printed
