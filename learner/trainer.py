@@ -338,8 +338,7 @@ class Learner:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self._actor.save_checkpoint(str(directory / "actor"), global_step=self.step)
-        if self._reference is not None:
-            pass  # the reference never changes: it is rebuilt from the model path on resume
+        # The reference never changes: a resumed learner rebuilds it from the model path.
         state = {"step": self.step, "weights_version": self.weights_version, "model": self._model_path,
                  "config": asdict(self.config)}
         tmp = directory / "learner.json.tmp"

@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 from verl.single_controller.base.decorator import Dispatch, register
-from verl.utils import tensordict_utils as tu
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import no_padding_2_padding
@@ -56,8 +55,3 @@ def weighted_sft_loss(config: Any, model_output: TensorDict, data: TensorDict,  
                "sft/weight_mean": Metric(value=((weights * mask).sum() * scale).item(),
                                          aggregation=AggregationType.SUM)}
     return loss, metrics
-
-
-def set_batch_info(data: TensorDict, **values: object) -> None:
-    """Attach non-tensor settings (mini-batch size, epochs, ...) to a batch, veRL's way."""
-    tu.assign_non_tensor(data, **values)
