@@ -106,7 +106,10 @@ def step_metrics(trajectories: Sequence[Trajectory], *, wall_s: float,
         metrics["reward/turn_mean"] = statistics.fmean(turn_rewards)
     if turns:
         metrics["format/ok_rate"] = _share(turn.format_ok for turn in turns)
-        metrics["rollout/tool_error_rate"] = _share(turn.tool_ok is False for turn in turns)
+        calls = [turn for turn in turns if turn.tool_ok is not None]  # turns that ran a tool
+        metrics["rollout/tool_calls"] = float(len(calls))
+        metrics["rollout/tool_failures"] = float(sum(turn.tool_ok is False for turn in calls))
+        metrics["rollout/tool_error_rate"] = _share(turn.tool_ok is False for turn in calls)
     gains = [turn.ig for turn in turns if turn.ig is not None]
     metrics["ig/coverage"] = len(gains) / len(turns) if turns else 0.0
     if gains:
@@ -327,6 +330,9 @@ def render(metrics: Mapping[str, float], step: int) -> str:
         first.append(f"stale {show('staleness/mean', '.2g')} (max {show('staleness/max', '.0f')})")
     first.append(f"{show('throughput/turns_per_s', '.3g')} turns/s "
                  f"{show('throughput/tokens_per_s', '.4g')} tok/s")
+    if metrics.get("rollout/tool_failures", 0.0):
+        first.append(f"tool failures {show('rollout/tool_failures', '.0f')}/"
+                     f"{show('rollout/tool_calls', '.0f')}")
     if metrics.get("rollout/dropped", 0.0):
         first.append(f"dropped {show('rollout/dropped', '.0f')}")
     second = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -54,6 +55,7 @@ class FleetConfig:
     worker_cpus: float = 0.5
     worker_restarts: int = 2
     max_episode_attempts: int = 2
+    checkpoint_every: int = 4  # turns between checkpoints of a running episode in the store (train)
 
 
 @dataclass
@@ -100,10 +102,13 @@ def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> Rollout
 
 
 def init_ray(cfg: RayConfig) -> None:
+    """Join the cluster ``cfg.address`` (or ``RAY_ADDRESS``, which ``ray job submit`` sets) or start
+    a local Ray with ``cfg.num_cpus`` logical CPUs (ignored when joining: the cluster has its own)."""
     if ray.is_initialized():
         return
-    ray.init(address=cfg.address or None, num_cpus=cfg.num_cpus if not cfg.address else None,
-             include_dashboard=False, log_to_driver=True, configure_logging=False)
+    joining = bool(cfg.address or os.environ.get("RAY_ADDRESS"))
+    ray.init(address=cfg.address or None, num_cpus=None if joining else cfg.num_cpus,
+             include_dashboard=False if not joining else None, log_to_driver=True, configure_logging=False)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ from envs.tasks import Task
 from learner.credit import build_estimator, estimator_class
 from learner.credit.registry import Estimator
 from learner.credit.rollout import assign_credit
-from learner.publish import publish
+from learner.publish import WeightsArchive, publish
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rewards.base import RewardSpec, build_reward, parse_options
@@ -39,11 +39,12 @@ from rewards.service import RewardServiceConfig
 from rollout.episode import EpisodeConfig
 from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
-from rollout.store import StoreConfig
+from rollout.store import StoreConfig, build_store
 from rollout.trajectory import Trajectory, save_trajectories
 from rollout.workers import WorkerSpec, start_workers
 
 MODES = ("sync", "async")
+IG_REWARD = "information_gain"
 
 
 def _default_rollout() -> RolloutConfig:
@@ -59,6 +60,7 @@ def _default_rollout() -> RolloutConfig:
 @dataclass
 class TrainJob:
     mode: str = "sync"  # sync | async (see cluster/train_async.py)
+    name: str = ""  # prefix of the run's Ray actor names (<name>-worker-0, -engine-0, -reward-0); "" = random
     staleness: int = 1  # η: async rollout runs at most this many versions ahead; older samples drop
     steps: int = 4
     tasks_per_step: int = 2  # tasks per step; each gets rollout.group_size samples
@@ -122,19 +124,28 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
         if not tasks:
             raise TrainError("rollout.data gave no tasks: check rollout.data.kind/path/limit")
         eval_tasks = load_tasks(replace(job.eval_data, url_prefix=job.eval_data.url_prefix or prefix))
+        name = job.name or f"turnstile-{uuid.uuid4().hex[:8]}"
         engines = start_engines(replace(job.rollout.engine, model=model), job.rollout.fleet.engine_replicas,
-                                job.rollout.fleet.engine_cpus, job.rollout.fleet.engine_gpus)
+                                job.rollout.fleet.engine_cpus, job.rollout.fleet.engine_gpus,
+                                name_prefix=f"{name}-")
         router = EngineRouter(engines)
+        # Each start of the driver gets its own namespace in the store: a resumed run regenerates
+        # what came after its last checkpoint, and must not meet the dead driver's half-done items.
+        store_config = replace(job.store, namespace=f"{job.store.namespace}.{name}.{uuid.uuid4().hex[:6]}")
+        # Built here, in the driver: a memory store's actor must outlive the workers it serves.
+        store = build_store(store_config)
         spec = WorkerSpec(tools=job.rollout.tools, episode=job.rollout.episode, context=job.rollout.context,
-                          corpus=corpus, tokenizer=model, policy_name=f"{job.rollout.engine.kind}:{Path(model).name}")
+                          corpus=corpus, tokenizer=model, policy_name=f"{job.rollout.engine.kind}:{Path(model).name}",
+                          store=store, checkpoint_every=job.rollout.fleet.checkpoint_every)
         workers = start_workers(spec, router, job.rollout.fleet.workers,
                                 job.rollout.fleet.episodes_per_worker, job.rollout.fleet.worker_cpus,
-                                job.rollout.fleet.worker_restarts,
-                                name_prefix=f"turnstile-{uuid.uuid4().hex[:8]}-")
+                                job.rollout.fleet.worker_restarts, name_prefix=f"{name}-")
         sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
                                    or str(out / "tensorboard")), run_name=out.name)
         run = Run(job, out, Learner(replace(job.learner, model=model)), router, workers, tasks, eval_tasks,
-                  estimator, sink, progress)
+                  estimator, sink, progress, name=name, store=store_config)
+        if any(entry.kind == IG_REWARD for entry in job.rewards):  # IG scores with the generating version
+            run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
         try:
             run.learner.start()
             run.resume_if_asked()
@@ -157,19 +168,23 @@ class Run:
 
     def __init__(self, job: TrainJob, out: Path, learner: Learner, router: EngineRouter,
                  workers: list[ray.actor.ActorHandle], tasks: list[Task], eval_tasks: list[Task],
-                 estimator: Estimator, sink: MetricsSink, progress: bool) -> None:
+                 estimator: Estimator, sink: MetricsSink, progress: bool, name: str = "turnstile",
+                 store: StoreConfig | None = None) -> None:
         self.job, self.out, self.learner, self.router = job, out, learner, router
         self.workers, self.tasks, self.eval_tasks = workers, tasks, eval_tasks
         self.estimator, self.sink, self.progress = estimator, sink, progress
         self.state = RunState()
         self.rerun = 0
+        self.name = name  # the prefix of the run's actor names
+        self.store = store or self.job.store  # this driver's namespace in the store
+        self.archive: WeightsArchive | None = None
 
     def resume_if_asked(self) -> None:
         if not (self.job.resume and (self.out / "checkpoint" / "learner.json").is_file()):
             return
         self.learner.load(self.out / "checkpoint")
         self.state = _load_state(self.out)
-        asyncio.run(publish(self.router, self.learner.full_weights(), self.state.weights_version))
+        asyncio.run(self.publish(self.state.weights_version))
         print(f"resumed at step {self.state.step} (weights version {self.state.weights_version})")
 
     def sync_loop(self) -> None:
@@ -185,7 +200,7 @@ class Run:
                                                   self.progress)
             self.rerun += rerun
             rolled = time.monotonic()
-            asyncio.run(_score(job, trajectories))
+            asyncio.run(_score(job, self.reward_specs(), trajectories))
             self.learn(trajectories, rolled - started, extra={"rollout/failed": float(failed),
                                                               "time/rollout_s": rolled - started})
 
@@ -212,7 +227,7 @@ class Run:
         trained = time.monotonic()
         if report is not None and report.trained:
             version = state.weights_version + 1
-            asyncio.run(publish(self.router, self.learner.full_weights(), version))
+            asyncio.run(self.publish(version))
             # Only now, with the engines serving it: admission (async) reads this version.
             state.weights_version = self.learner.weights_version = version
         published = time.monotonic()
@@ -234,6 +249,31 @@ class Run:
             self.learner.save(self.out / "checkpoint")
             _save_state(self.out, state)
 
+    async def publish(self, version: int) -> None:
+        """The learner's weights to every engine replica, as ``engine.vllm.weight_sync`` says:
+        through Ray's object store (``inplace``), or a shared checkpoint directory the replicas load
+        (``checkpoint``: GPU clusters, where learner and engines are on different nodes)."""
+        engine, weights = self.job.rollout.engine, self.learner.full_weights()
+        if self.archive is not None:  # before any trajectory of this version can reach the rewards
+            await asyncio.to_thread(self.archive.add, version, weights)
+        if engine.kind == "vllm" and engine.vllm.weight_sync == "checkpoint":
+            await publish(self.router, weights, version, mode="checkpoint",
+                          checkpoint_dir=engine.vllm.checkpoint_dir)
+        else:
+            await publish(self.router, weights, version)
+
+    def reward_specs(self) -> list[RewardSpec]:
+        """The reward plugins; ``information_gain`` without a model of its own scores each
+        trajectory with the weights version that generated it (the run's archive)."""
+        specs = []
+        for entry in self.job.rewards:
+            options = dict(entry.options)
+            if entry.kind == IG_REWARD and self.archive is not None and not (
+                    options.get("model") or options.get("versions_dir")):
+                options["versions_dir"] = str(self.archive.root)
+            specs.append(RewardSpec(entry.kind, options))
+        return specs
+
     def set_queue_depths(self, depths: dict[str, float]) -> None:
         self.sink.set_queue_depths(depths)
 
@@ -251,8 +291,8 @@ def _evaluate(job: TrainJob, workers: list, tasks: list[Task], step: int, out: P
     return {"eval/accuracy": correct / max(len(trajectories), 1), "eval/format_rate": share}
 
 
-async def _score(job: TrainJob, trajectories: list[Trajectory]) -> None:
-    plugins = [build_reward(RewardSpec(entry.kind, dict(entry.options))) for entry in job.rewards]
+async def _score(job: TrainJob, specs: list[RewardSpec], trajectories: list[Trajectory]) -> None:
+    plugins = [build_reward(spec) for spec in specs]
     await run_plugins(plugins, trajectories, find_tasks(job.rollout.data, trajectories))
 
 

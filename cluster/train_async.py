@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import ray
 from ray.exceptions import RayActorError
 
-from rewards.base import RewardSpec
 from rewards.service import RewardService
 from rollout.store import FINISHED, build_store
 from rollout.trajectory import Trajectory
@@ -50,10 +50,10 @@ async def async_loop(run: Run) -> None:
     ready: list[list[Trajectory]] = []
     learning: asyncio.Future[None] | None = None
     last_step_at = time.monotonic()
-    specs = [RewardSpec(entry.kind, dict(entry.options)) for entry in job.rewards]
-    store = build_store(job.store)
-    async with RewardService(job.store, specs, job.reward_service,
-                             tasks={task.id: task for task in run.tasks}) as rewards:
+    specs = run.reward_specs()
+    store = build_store(run.store)
+    service = replace(job.reward_service, name_prefix=job.reward_service.name_prefix or f"{run.name}-reward")
+    async with RewardService(run.store, specs, service, tasks={task.id: task for task in run.tasks}) as rewards:
         while state.step < job.steps:
             bound = (job.staleness + state.weights_version + 1) * batch
             while (state.accepted + len(running) + group_size <= bound

@@ -183,6 +183,22 @@ class SearchBrowseEnv(Env):
                         tool_cached=outcome.cached, tool_seconds=time.monotonic() - started)
         return info, render_tool_response(outcome.text)
 
+    def snapshot(self) -> dict[str, object]:
+        """The state an episode checkpoint needs to continue this environment elsewhere (JSON)."""
+        return {"turn": self.turn, "tool_calls": dict(self.tool_calls), "final_next": self._final_next}
+
+    def restore(self, state: dict[str, object]) -> None:
+        """Continue from :meth:`snapshot`'s state; call after ``reset()`` and before any ``step``."""
+        if not self._started or self.turn:
+            raise RuntimeError("restore() goes right after reset(), before any step()")
+        turn, calls = state.get("turn"), state.get("tool_calls")
+        if not isinstance(turn, int) or turn < 0 or not isinstance(calls, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in calls.items()):
+            raise ValueError(f"not an environment snapshot: {state!r}")
+        self.turn = turn
+        self.tool_calls = Counter(calls)
+        self._final_next = bool(state.get("final_next", False))
+
     def _budget_spent(self) -> bool:
         return sum(self.tool_calls.values()) >= self.tool_budget
 

@@ -90,3 +90,62 @@ def save_hf_model(weights: Mapping[str, torch.Tensor], base_model: str | Path, o
             shutil.copy2(item, out / item.name)
     write_checkpoint(weights, out)
     return out
+
+
+# ---- past versions, for scoring trajectories by the weights that generated them --------------------
+
+class WeightsArchive:
+    """Recent weights versions as loadable model directories ``<root>/v<N>``, the newest ``keep``.
+
+    The training loop adds every published version (before the engines serve it); version 0 is a
+    link to the base model. What reads it (the ``information_gain`` reward) scores a trajectory with
+    the version that generated it, or the closest one still kept (:func:`closest_version`). With the
+    async loop's staleness bound η, ``keep = η + 2`` keeps every version a sample can still come from.
+    """
+
+    def __init__(self, root: str | Path, base_model: str | Path, keep: int) -> None:
+        if keep < 1:
+            raise ValueError(f"a weights archive keeps at least 1 version, got keep={keep}")
+        self.root, self.base, self.keep = Path(root), Path(base_model), keep
+        self.root.mkdir(parents=True, exist_ok=True)
+        zero = self.root / "v0"
+        if not zero.exists():
+            zero.symlink_to(self.base.resolve(), target_is_directory=True)
+
+    def add(self, version: int, weights: Mapping[str, torch.Tensor]) -> Path:
+        """Write ``version`` (atomically: a reader sees the whole directory or none) and prune."""
+        target = self.root / f"v{version}"
+        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.root))
+        save_hf_model(weights, self.base, staging)
+        if target.exists() or target.is_symlink():
+            _remove(target)
+        os.replace(staging, target)
+        for old in sorted(kept_versions(self.root))[:-self.keep]:
+            _remove(self.root / f"v{old}")
+        return target
+
+
+def kept_versions(root: str | Path) -> dict[int, Path]:
+    """The versions under an archive directory, by number."""
+    found: dict[int, Path] = {}
+    for entry in Path(root).glob("v*"):
+        if entry.name[1:].isdigit() and (entry / "config.json").is_file():
+            found[int(entry.name[1:])] = entry
+    return found
+
+
+def closest_version(root: str | Path, wanted: int) -> tuple[int, Path]:
+    """The kept version nearest ``wanted`` (ties: the newer); raises when the archive is empty."""
+    kept = kept_versions(root)
+    if not kept:
+        raise FileNotFoundError(f"the weights archive {root} holds no version: is it the training "
+                                "run's out/weights directory?")
+    version = min(kept, key=lambda v: (abs(v - wanted), -v))
+    return version, kept[version]
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)

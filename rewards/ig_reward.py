@@ -1,14 +1,23 @@
 """The ``information_gain`` reward plugin: ``v_s`` before every turn, scored by a policy model.
 
 Wraps :func:`rewards.information_gain.information_gain_values` with the transformers scorer that
-reuses one KV cache per segment (``O(L + T·R)``). ``model`` should be the weights that generated
-the trajectories (the behaviour policy, ALGORITHMS.md §4); the training loop's reward service passes
-the version it kept. The model is loaded on first use, inside the process that scores.
+reuses one KV cache per segment (``O(L + T·R)``). The scoring model should be the weights that
+generated the trajectory (the behaviour policy, ALGORITHMS.md §4):
+
+- ``model``: one fixed model directory (scoring saved rollouts of a known policy);
+- ``versions_dir``: a :class:`~learner.publish.WeightsArchive` (``turnstile train`` keeps one under
+  ``out/weights`` and points this option at it). Each trajectory is scored by the version that
+  generated most of its turns (ties: the newer), or, when that one is no longer kept, the closest
+  version kept; ``metadata["ig_weights_version"]`` records which. With partial rollouts a trajectory
+  mixes versions; the staleness bound keeps them within η of each other.
+
+Models are loaded on first use, inside the process that scores; the two most recent stay loaded.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -24,6 +33,7 @@ from rollout.trajectory import Trajectory
 @dataclass
 class InformationGainConfig:
     model: str = ""  # weights directory of the behaviour policy; "" = the default tiny model
+    versions_dir: str = ""  # a weights archive (turnstile train's out/weights); overrides model
     dtype: str = "float32"
     scorer: str = "kv_cache"  # "kv_cache" (O(L + T·R)) or "per_prefix" (the naive reference)
 
@@ -38,29 +48,42 @@ class InformationGain(RewardPlugin):
 
     def __init__(self, config: InformationGainConfig) -> None:
         self.config = config
-        self._parts: tuple[ChatFormat, GoldScorer] | None = None
+        self._loaded: OrderedDict[str, tuple[ChatFormat, GoldScorer]] = OrderedDict()
         self._lock = asyncio.Lock()
 
-    async def _ready(self) -> tuple[ChatFormat, GoldScorer]:
+    async def _ready(self, path: str) -> tuple[ChatFormat, GoldScorer]:
         async with self._lock:
-            if self._parts is None:
-                self._parts = await asyncio.to_thread(self._load)
-        return self._parts
+            if path not in self._loaded:
+                self._loaded[path] = await asyncio.to_thread(self._load, path)
+                while len(self._loaded) > 2:
+                    self._loaded.popitem(last=False)
+            self._loaded.move_to_end(path)
+            return self._loaded[path]
 
-    def _load(self) -> tuple[ChatFormat, GoldScorer]:
+    def _model_for(self, trajectory: Trajectory) -> str:
+        if not self.config.versions_dir:
+            return resolve_model(self.config.model)
+        from learner.publish import closest_version
+
+        versions = Counter(turn.weights_version for turn in trajectory.turns)
+        wanted = max(versions, key=lambda v: (versions[v], v)) if versions else 0
+        version, path = closest_version(self.config.versions_dir, wanted)
+        trajectory.metadata["ig_weights_version"] = version
+        return str(path)
+
+    def _load(self, path: str) -> tuple[ChatFormat, GoldScorer]:
         import torch
         from transformers import AutoModelForCausalLM
 
         from rewards.ig_scoring import HFInformationGainScorer, PerPrefixScorer
 
-        path = resolve_model(self.config.model)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, self.config.dtype))
         model.eval()
         scorer_class = HFInformationGainScorer if self.config.scorer == "kv_cache" else PerPrefixScorer
         return ChatFormat.from_pretrained(path), scorer_class(model)
 
     async def score(self, trajectory: Trajectory, task: Task) -> None:
-        chat, scorer = await self._ready()
+        chat, scorer = await self._ready(self._model_for(trajectory))
         await information_gain_values(trajectory, chat, scorer)
 
     async def score_group(self, group: Sequence[Trajectory], task: Task) -> None:
@@ -68,4 +91,4 @@ class InformationGain(RewardPlugin):
             await self.score(trajectory, task)
 
     async def aclose(self) -> None:
-        self._parts = None
+        self._loaded.clear()

@@ -119,6 +119,13 @@ class ContextManager(abc.ABC):
     @abc.abstractmethod
     def next_context(self, exchange: Exchange) -> ContextPlan: ...
 
+    def snapshot(self) -> dict[str, object]:
+        """What this manager carries between turns (JSON), for an episode checkpoint."""
+        return {}
+
+    def restore(self, state: dict[str, object]) -> None:
+        """Continue from :meth:`snapshot`'s state (after ``start``)."""
+
     def on_overflow(self, exchange: Exchange) -> ContextPlan | None:
         """A plan that fits when ``next_context``'s did not, or None to force the final answer."""
         return None
@@ -193,6 +200,13 @@ class IterResearch(ContextManager):
                    if self._report else None)
         return self._workspace(carried, exchange)
 
+    def snapshot(self) -> dict[str, object]:
+        return {"report": self._report}
+
+    def restore(self, state: dict[str, object]) -> None:
+        report = state.get("report")
+        self._report = report if isinstance(report, str) else None
+
 
 @register_context_manager("discard_all")
 class DiscardAll(ContextManager):
@@ -208,6 +222,14 @@ class DiscardAll(ContextManager):
         if summary:
             self._summary = summary
         return Append(self.chat.delta_ids(exchange.observation, exchange.response_ids))
+
+    def snapshot(self) -> dict[str, object]:
+        return {"resets": self.resets, "summary": self._summary}
+
+    def restore(self, state: dict[str, object]) -> None:
+        resets, summary = state.get("resets", 0), state.get("summary", "")
+        self.resets = resets if isinstance(resets, int) and resets >= 0 else 0
+        self._summary = summary if isinstance(summary, str) else ""
 
     def on_overflow(self, exchange: Exchange) -> ContextPlan | None:
         if self.resets >= self.config.max_resets:

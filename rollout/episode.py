@@ -13,23 +13,45 @@ is a running count, and only new text (observation, one response) is ever tokeni
 
 ``run_episode`` never raises on what the policy writes or on an engine failure: every way an episode
 ends is a :class:`~rollout.trajectory.StopReason`, and the trajectory keeps the turns done so far.
+
+Checkpoints (:class:`Checkpointing`): every ``every`` turns the loop hands an :class:`EpisodeState`
+(the trajectory so far, the environment's and the context manager's state) to ``save``; an episode
+given such a state as ``resume`` continues after its last turn instead of starting again, on
+whichever worker and engine replica it lands (the context ids are rebuilt from the recorded ids).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from envs.env import EnvConfig, EpisodeEnd, SearchBrowseEnv, StepResult
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind
 from envs.tasks import Task
+from envs.tools.base import JsonObject
 from envs.tools.toolbox import Toolbox
 from rollout.chat import ChatFormat
-from rollout.context import Append, ContextManager, ContextPlan, Exchange, planned_length
-from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, Generation, PolicyEngine, SamplingParams
-from rollout.trajectory import Segment, StopReason, Trajectory, Turn
+from rollout.context import (
+    Append,
+    ContextManager,
+    ContextPlan,
+    Exchange,
+    planned_length,
+)
+from rollout.engines.base import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    Generation,
+    PolicyEngine,
+    SamplingParams,
+)
+from rollout.trajectory import Segment, StopReason, Trajectory, TrajectoryError, Turn
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,22 +89,70 @@ class EpisodeConfig:
         return self.env.max_turns
 
 
+@dataclass
+class EpisodeState:
+    """A running episode, as a checkpoint: the trajectory so far (ending after a whole turn and its
+    observation), the environment's and the context manager's ``snapshot()``, and whether the
+    context budget already forced the final answer."""
+
+    trajectory: Trajectory
+    env: dict[str, object]
+    context: dict[str, object]
+    overflowed: bool = False
+
+    def to_json(self) -> JsonObject:
+        return {"trajectory": self.trajectory.to_json(), "env": self.env, "context": self.context,
+                "overflowed": self.overflowed}
+
+    @classmethod
+    def from_json(cls, record: object) -> EpisodeState:
+        """Parse a saved state; raises ValueError naming what is wrong (a corrupt checkpoint)."""
+        if not isinstance(record, dict) or not {"trajectory", "env", "context"} <= set(record):
+            raise ValueError("an episode checkpoint is an object with trajectory, env and context")
+        try:
+            trajectory = Trajectory.from_json(record["trajectory"])
+        except TrajectoryError as error:
+            raise ValueError(f"the checkpoint's trajectory is malformed: {error}") from None
+        if not trajectory.segments or not isinstance(record["env"], dict) \
+                or not isinstance(record["context"], dict):
+            raise ValueError("the checkpoint has no segment, or its env/context state is not an object")
+        return cls(trajectory, dict(record["env"]), dict(record["context"]),
+                   bool(record.get("overflowed", False)))
+
+
+@dataclass
+class Checkpointing:
+    """Episode checkpoints. ``save`` is awaited with the state every ``every`` turns (a failing
+    save is logged and counted in the trajectory's ``metadata["checkpoint_failures"]``; it never
+    ends the episode). ``resume``: a state saved earlier for this episode, to continue from."""
+
+    save: Callable[[EpisodeState], Awaitable[None]] | None = None
+    every: int = 0
+    resume: EpisodeState | None = None
+
+
 async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, toolbox: Toolbox,
                       chat: ChatFormat, context_manager: ContextManager, config: EpisodeConfig,
-                      affinity: str | None = None) -> Trajectory:
+                      affinity: str | None = None, checkpointing: Checkpointing | None = None) -> Trajectory:
     """Run one episode of ``task`` and return its trajectory (see the module docstring).
 
     ``context_manager`` is a fresh instance for this episode (``build_context_manager``).
     ``affinity`` (default ``"{uid}/{sample}"``) goes with every engine request so that a router
-    keeps the episode on one replica, whose prefix cache holds its context.
+    keeps the episode on one replica, whose prefix cache holds its context. ``checkpointing``
+    saves the episode every few turns and/or resumes it from a saved state.
     """
     trajectory = Trajectory(uid=uid, sample=sample, task_id=task.id, question=task.question,
                             answers=list(task.answers), context_manager=context_manager.name,
                             policy=chat.name)
+    resume = checkpointing.resume if checkpointing else None
+    if resume is not None and (resume.trajectory.uid, resume.trajectory.sample,
+                               resume.trajectory.task_id) != (uid, sample, task.id):
+        raise ValueError(f"the checkpoint is of episode {resume.trajectory.uid}/{resume.trajectory.sample} "
+                         f"(task {resume.trajectory.task_id}), not {uid}/{sample} (task {task.id})")
     env = SearchBrowseEnv(task, toolbox,
                           replace(config.env, expect_report=context_manager.expect_report))
     episode = _Episode(trajectory, engine, chat, context_manager, config,
-                       affinity if affinity is not None else f"{uid}/{sample}")
+                       affinity if affinity is not None else f"{uid}/{sample}", checkpointing)
     started = time.monotonic()
     deadline = asyncio.timeout(config.timeout_s)
     try:
@@ -94,7 +164,7 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
         trajectory.stop_reason = StopReason.TIMEOUT
     finally:
         await env.close()
-        trajectory.wall_s = time.monotonic() - started
+        trajectory.wall_s = episode.wall_before + time.monotonic() - started
     return trajectory
 
 
@@ -102,7 +172,8 @@ class _Episode:
     """The state of one running episode: the trajectory so far and the current context ids."""
 
     def __init__(self, trajectory: Trajectory, engine: PolicyEngine, chat: ChatFormat,
-                 context: ContextManager, config: EpisodeConfig, affinity: str) -> None:
+                 context: ContextManager, config: EpisodeConfig, affinity: str,
+                 checkpointing: Checkpointing | None = None) -> None:
         self.trajectory = trajectory
         self.engine = engine
         self.chat = chat
@@ -113,12 +184,19 @@ class _Episode:
         self.turns = 0
         self.overflowed = False  # the final answer was forced by the context budget
         self._generate_s = 0.0
+        self.checkpointing = checkpointing or Checkpointing()
+        self.wall_before = 0.0  # wall time spent before the checkpoint this episode resumed from
+        self._started = time.monotonic()
         # Room kept free in every context for the forced-answer instruction.
         self.reserve = len(chat.delta_ids(FINAL_ANSWER_INSTRUCTION, ()))
 
     async def run(self, env: SearchBrowseEnv) -> None:
-        self._open_segment(self.context.start(self.chat, await env.reset()))
-        for _ in range(self.config.max_turns):
+        prompt_ids = self.context.start(self.chat, await env.reset())
+        if self.checkpointing.resume is not None:
+            self._restore(env, self.checkpointing.resume)
+        else:
+            self._open_segment(prompt_ids)
+        for _ in range(self.config.max_turns - self.turns):
             room = self.config.context_budget - len(self.ids)
             if room <= 0:
                 self.trajectory.stop_reason = StopReason.CONTEXT_OVERFLOW
@@ -134,8 +212,39 @@ class _Episode:
                 return
             self._continue(env, turn, Exchange(generation.token_ids, text, step.info.parsed,
                                                step.observation))
+            await self._checkpoint(env)
         raise RuntimeError(f"the environment did not end the episode within {self.config.max_turns} "
                            "turns; it must force the final answer on its last turn")
+
+    def _restore(self, env: SearchBrowseEnv, state: EpisodeState) -> None:
+        saved = state.trajectory
+        env.restore(state.env)
+        self.context.restore(state.context)
+        self.trajectory.segments = saved.segments
+        self.trajectory.metadata.update(saved.metadata)
+        self.trajectory.metadata["resumed_at_turn"] = len(saved.turns)
+        self.turns = len(saved.turns)
+        self.overflowed = state.overflowed
+        self.wall_before = saved.wall_s
+        last = saved.segments[-1]
+        self.ids = list(last.prompt_ids)
+        for turn in last.turns:
+            self.ids.extend(turn.response_ids)
+            self.ids.extend(turn.observation_ids)
+
+    async def _checkpoint(self, env: SearchBrowseEnv) -> None:
+        save, every = self.checkpointing.save, self.checkpointing.every
+        if save is None or every < 1 or self.turns % every:
+            return
+        self.trajectory.wall_s = self.wall_before + time.monotonic() - self._started
+        state = EpisodeState(self.trajectory, env.snapshot(), self.context.snapshot(), self.overflowed)
+        try:
+            await save(state)
+        except Exception as error:  # noqa: BLE001 - a lost checkpoint costs a restart, not the episode
+            failures = self.trajectory.metadata.get("checkpoint_failures", 0)
+            self.trajectory.metadata["checkpoint_failures"] = int(failures) + 1  # type: ignore[arg-type]
+            log.warning("episode %s: checkpoint after turn %d failed: %s: %s", self.affinity,
+                        self.turns, type(error).__name__, error)
 
     async def _generate(self, max_new_tokens: int) -> Generation | None:
         """One turn from the engine; None (and the episode stopped) when the engine failed."""

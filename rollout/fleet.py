@@ -5,7 +5,10 @@ actor from a small picklable :class:`~rollout.engines.config.EngineConfig`. An
 :class:`EngineRouter` is a :class:`~rollout.engines.base.PolicyEngine` over the replicas: each
 episode sticks to one replica (its ``affinity``), so the replica's prefix cache holds the episode's
 growing context; a new episode goes to the replica with the fewest requests in flight. When a
-replica dies, its episodes move to another replica and the request is retried there once.
+replica dies, its episodes move to another replica and the request is retried there once; weight
+updates and version queries skip it from then on. A dead replica is not restarted (it would come back
+serving the base weights, not the published version); the rest of the fleet carries on, and only
+when every replica is gone does a call fail.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import ray
 import torch
@@ -64,15 +67,18 @@ class EngineActor:
 
 
 def start_engines(config: EngineConfig, replicas: int, num_cpus: float = 1.0,
-                  num_gpus: float = 0.0) -> list[ray.actor.ActorHandle]:
-    """Start ``replicas`` engine actors and wait until each serves."""
+                  num_gpus: float = 0.0, name_prefix: str = "") -> list[ray.actor.ActorHandle]:
+    """Start ``replicas`` engine actors and wait until each serves; with a ``name_prefix`` they are
+    named actors (``<prefix>engine-<i>``)."""
     if replicas < 1:
         raise ValueError("rollout.engine_replicas must be >= 1")
     # vLLM logs every start-up step at INFO; a rollout's console should show progress, not that.
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
-    actor = ray.remote(EngineActor).options(num_cpus=num_cpus, num_gpus=num_gpus,
-                                            max_concurrency=1000, runtime_env={"env_vars": env})
-    handles = [actor.remote(config) for _ in range(replicas)]
+    actor = ray.remote(EngineActor)
+    handles = [actor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=1000,
+                             runtime_env={"env_vars": env},
+                             name=f"{name_prefix}engine-{i}" if name_prefix else None).remote(config)
+               for i in range(replicas)]
     ray.get([handle.ready.remote() for handle in handles])
     return handles
 
@@ -139,13 +145,27 @@ class EngineRouter:
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         # One object-store copy shared by every replica.
         ref = ray.put(dict(weights))
-        await asyncio.gather(*(replica.update_weights.remote(version, ref)
-                               for replica, ok in zip(self._replicas, self._alive) if ok))
+        await self._on_each_live(lambda replica: replica.update_weights.remote(version, ref))
 
     async def weights_version(self) -> int:
-        alive = [replica for replica, ok in zip(self._replicas, self._alive) if ok]
-        versions = await asyncio.gather(*(replica.weights_version.remote() for replica in alive))
-        return min(versions)
+        return min(await self._on_each_live(lambda replica: replica.weights_version.remote()))
+
+    async def _on_each_live(self, call: Callable[[ray.actor.ActorHandle], ray.ObjectRef]) -> list[object]:
+        """``call`` on every live replica at once; replicas found dead are marked and skipped."""
+        live = [i for i, ok in enumerate(self._alive) if ok]
+        results = await asyncio.gather(*(call(self._replicas[i]) for i in live), return_exceptions=True)
+        values = []
+        for index, result in zip(live, results, strict=True):
+            if isinstance(result, _DEAD):
+                self._alive[index] = False
+                log.warning("engine replica %d died; the other replicas carry on", index)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                values.append(result)
+        if not values:
+            raise RuntimeError("every engine replica has died; the rollout cannot continue")
+        return values
 
     async def aclose(self) -> None:
         return None  # the replicas belong to whoever started them

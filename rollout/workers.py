@@ -4,10 +4,18 @@ A worker is built from a small picklable :class:`WorkerSpec` and builds its heav
 actor: the search index over the corpus, the HTTP pools and the browser (one toolbox shared by its
 episodes), and the tokenizer's chat format. Each ``run`` call is one episode; the actor's
 ``max_concurrency`` is how many run at once, and Ray queues the rest.
+
+With a trajectory store in its spec, a worker checkpoints each episode every ``checkpoint_every``
+turns under ``episode:<uid>:<sample>`` and drops the checkpoint when the episode ends. An episode
+handed to a worker (after the one running it died) that finds a checkpoint resumes after its last
+saved turn instead of starting again; an unreadable checkpoint is dropped and the episode starts
+over (noted in ``metadata["checkpoint_error"]``), and a store that does not answer costs only the
+checkpoint, never the episode.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -21,9 +29,12 @@ from envs.tasks import Task
 from envs.toolset import ToolsConfig, build_toolbox
 from rollout.chat import ChatFormat
 from rollout.context import ContextConfig, build_context_manager
-from rollout.episode import EpisodeConfig, run_episode
+from rollout.episode import Checkpointing, EpisodeConfig, EpisodeState, run_episode
 from rollout.fleet import EngineRouter
+from rollout.store import StoreError, TrajectoryStore
 from rollout.trajectory import Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,6 +78,8 @@ class WorkerSpec:
     corpus: CorpusConfig
     tokenizer: str  # the policy's model directory (its tokenizer and chat template)
     policy_name: str = ""
+    store: TrajectoryStore | None = None  # where episode checkpoints go (None = no checkpoints)
+    checkpoint_every: int = 4  # turns between checkpoints of a running episode (0 = none)
 
 
 class RolloutWorker:
@@ -80,22 +93,72 @@ class RolloutWorker:
         self.toolbox = build_toolbox(spec.tools, documents or None, allow_hosts=allow)
         self.chat = ChatFormat.from_pretrained(spec.tokenizer)
         self.episodes_done = 0
+        self.resumed = 0  # episodes continued from a checkpoint
+        self._running: dict[str, int] = {}  # episode -> checkpoints saved so far
 
     async def run(self, task: Task, uid: str, sample: int) -> Trajectory:
         affinity = f"{uid}/{sample}"
+        checkpointing, note = await self._checkpointing(f"episode:{uid}:{sample}", task, uid, sample)
+        self._running[affinity] = 0
+        self.resumed += checkpointing is not None and checkpointing.resume is not None
         try:
             trajectory = await run_episode(
                 task, uid, sample, engine=self.router, toolbox=self.toolbox, chat=self.chat,
                 context_manager=build_context_manager(self.spec.context), config=self.spec.episode,
-                affinity=affinity,
+                affinity=affinity, checkpointing=checkpointing,
             )
         finally:
             self.router.release(affinity)
+            self._running.pop(affinity, None)
+        if checkpointing is not None:
+            await self._drop(f"episode:{uid}:{sample}")
+        if note:
+            trajectory.metadata["checkpoint_error"] = note
         trajectory.policy = self.spec.policy_name
         if self.spec.corpus.base_url:  # where the pages were served: scoring finds clue urls by it
             trajectory.metadata["corpus_url"] = self.spec.corpus.base_url
         self.episodes_done += 1
         return trajectory
+
+    async def _checkpointing(self, key: str, task: Task, uid: str,
+                             sample: int) -> tuple[Checkpointing | None, str]:
+        """The episode's checkpointing, resuming from a saved state if there is a usable one."""
+        store, every = self.spec.store, self.spec.checkpoint_every
+        if store is None or every < 1:
+            return None, ""
+        note, resume = "", None
+        try:
+            record = await store.load_checkpoint(key)
+        except StoreError as error:
+            log.warning("episode %s/%d: cannot read its checkpoint (%s); starting it afresh", uid, sample, error)
+            record = None
+        if record is not None:
+            try:
+                resume = EpisodeState.from_json(record)
+                saved = resume.trajectory
+                if (saved.uid, saved.sample, saved.task_id) != (uid, sample, task.id):
+                    raise ValueError(f"it belongs to {saved.uid}/{saved.sample} (task {saved.task_id})")
+            except ValueError as error:
+                note = f"checkpoint {key} was unusable and dropped: {error}"
+                log.warning("episode %s/%d: %s; starting it afresh", uid, sample, note)
+                resume = None
+                await self._drop(key)
+
+        affinity = f"{uid}/{sample}"
+
+        async def save(state: EpisodeState) -> None:
+            await store.checkpoint(key, state.to_json())
+            if affinity in self._running:
+                self._running[affinity] += 1
+
+        return Checkpointing(save=save, every=every, resume=resume), note
+
+    async def _drop(self, key: str) -> None:
+        try:
+            await self.spec.store.drop_checkpoint(key)  # type: ignore[union-attr]
+        except StoreError as error:
+            log.warning("cannot drop checkpoint %s (%s); it is overwritten if the episode runs again",
+                        key, error)
 
     async def tool_metrics(self) -> dict[str, int]:
         metrics = self.toolbox.metrics
@@ -104,6 +167,13 @@ class RolloutWorker:
 
     async def ping(self) -> int:
         return self.episodes_done
+
+    async def status(self) -> dict[str, int]:
+        """What the worker is doing: episodes done, running, running with a checkpoint saved, and
+        resumed from one."""
+        return {"done": self.episodes_done, "running": len(self._running),
+                "checkpointed": sum(saved > 0 for saved in self._running.values()),
+                "resumed": self.resumed}
 
     async def aclose(self) -> None:
         await self.toolbox.aclose()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -334,3 +335,46 @@ async def test_vllm_path_reads_the_segment_context_from_the_prefix_cache(
     shorter = [length for segment in grouped for length in sorted(segment.prefix_lens)[:-1]]
     assert len(shorter) >= 5
     assert reused >= sum(max(length - block, 0) for length in shorter)
+
+
+# ---- scoring with the weights version that generated the trajectory ------------------------------
+
+def _perturbed(scale: float) -> dict[str, torch.Tensor]:
+    base = AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=torch.float32)
+    generator = torch.Generator().manual_seed(int(scale * 1000))
+    return {name: tensor + scale * torch.randn(tensor.shape, generator=generator)
+            for name, tensor in base.state_dict().items()}
+
+
+async def test_ig_scores_with_the_generating_version_or_the_closest_kept(mono: Trajectory,
+                                                                          tmp_path: Path) -> None:
+    from learner.publish import WeightsArchive, closest_version, kept_versions
+    from rewards.ig_reward import InformationGain, InformationGainConfig
+
+    archive = WeightsArchive(tmp_path / "weights", ensure_default_model(), keep=3)
+    assert sorted(kept_versions(archive.root)) == [0]  # version 0 is the base model
+    for version in (1, 2, 3):
+        archive.add(version, _perturbed(0.02 * version))
+    assert sorted(kept_versions(archive.root)) == [1, 2, 3]  # the oldest (0) was pruned
+    assert closest_version(archive.root, 0)[0] == 1 and closest_version(archive.root, 9)[0] == 3
+    with pytest.raises(FileNotFoundError, match="holds no version"):
+        closest_version(tmp_path / "empty", 1)
+
+    plugin = InformationGain(InformationGainConfig(versions_dir=str(archive.root)))
+    values: dict[int, list[float | None]] = {}
+    for version in (2, 3, 0):
+        trajectory = Trajectory.from_json(mono.to_json())
+        for index, turn in enumerate(trajectory.turns):  # mostly `version`, one turn a version newer
+            turn.weights_version = version + 1 if index == 0 else version
+        await plugin.score(trajectory, Task(id=trajectory.task_id, question=trajectory.question,
+                                            answers=tuple(trajectory.answers)))
+        values[version] = [turn.ig_value for turn in trajectory.turns]
+        expected = 1 if version == 0 else version  # 0 is no longer kept: the closest is 1
+        assert trajectory.metadata["ig_weights_version"] == expected
+    assert values[2] != values[3]  # different weights, different values
+    # The same version scores the same: version 2 again, from the plugin's loaded models.
+    again = Trajectory.from_json(mono.to_json())
+    for turn in again.turns:
+        turn.weights_version = 2
+    await plugin.score(again, Task(id=again.task_id, question=again.question, answers=tuple(again.answers)))
+    assert [turn.ig_value for turn in again.turns] == pytest.approx(values[2], abs=1e-5)

@@ -70,7 +70,8 @@ def test_step_metrics_exact_values() -> None:
     assert m["rollout/turns_mean"] == 1.75 and m["rollout/turns_max"] == 3
     assert m["rollout/answer_rate"] == 0.75 and m["rollout/stop_no_answer"] == 0.25
     assert m["rollout/stop_answered"] == 0.75 and m["rollout/stop_timeout"] == 0.0
-    assert m["rollout/tool_error_rate"] == pytest.approx(1 / 7)
+    assert m["rollout/tool_calls"] == 3 and m["rollout/tool_failures"] == 1
+    assert m["rollout/tool_error_rate"] == pytest.approx(1 / 3)  # of the turns that ran a tool
     # outcomes 1, -1, 1, 0.5
     assert m["reward/mean"] == pytest.approx(0.375)
     assert m["reward/std"] == pytest.approx(math.sqrt((0.625**2 * 2 + 1.375**2 + 0.125**2) / 4))

@@ -195,11 +195,16 @@ async def test_checkpoint_save_load_drop(store: TrajectoryStore, store_config: S
     try:
         assert await other.load_checkpoint("episode/uid-7/0") is None
         assert await other.length(FINISHED) == 0
+        await other.checkpoint("episode/other/0", {"turn": 1})
+        assert await other.checkpoint_keys() == ["episode/other/0"]
     finally:
         await other.close()
+    await store.checkpoint("episode:a*[1]:2", {"turn": 2})  # glob characters are only characters
+    assert await store.checkpoint_keys() == ["episode/uid-7/0", "episode:a*[1]:2"]
     await store.drop_checkpoint("episode/uid-7/0")
     assert await store.load_checkpoint("episode/uid-7/0") is None
     await store.drop_checkpoint("episode/uid-7/0")  # dropping twice is harmless
+    assert await store.checkpoint_keys() == ["episode:a*[1]:2"]
 
 
 def long_trajectory(turns: int, rng: random.Random) -> Trajectory:

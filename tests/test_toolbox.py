@@ -57,6 +57,26 @@ async def test_unknown_tool_and_bad_arguments() -> None:
     assert bad.error == "bad_arguments" and "'text' must be a string" in bad.text
 
 
+async def test_injected_failures_hit_the_configured_share_of_calls() -> None:
+    tool = EchoTool("search")
+    box = Toolbox([tool], ToolboxConfig(max_attempts=1, inject_failure_rate=0.3, inject_seed=7,
+                                        cache=CacheConfig(backend="none"), **FAST))
+    outcomes = [await box.run("search", {"text": str(i)}) for i in range(1000)]
+    failed = [o for o in outcomes if not o.ok]
+    assert 0.26 < len(failed) / 1000 < 0.34  # binomial(1000, 0.3): ±4 points is > 2.7 sigma
+    assert {o.error for o in failed} == {"injected"} and "inject_failure_rate" in failed[0].text
+    assert box.metrics.failures["search:injected"] == len(failed)
+    assert tool.calls == 1000 - len(failed)  # an injected failure never reaches the tool
+    # With retries, a flaky service mostly recovers: 0.3 ** 3 of calls fail for good.
+    retrying = Toolbox([EchoTool("search")], ToolboxConfig(max_attempts=3, inject_failure_rate=0.3,
+                                                           inject_seed=7, cache=CacheConfig(backend="none"),
+                                                           **FAST))
+    final = [await retrying.run("search", {"text": str(i)}) for i in range(1000)]
+    assert sum(not o.ok for o in final) < 60 and retrying.metrics.retries > 250
+    with pytest.raises(ValueError, match="inject_failure_rate must be in"):
+        Toolbox([EchoTool("search")], ToolboxConfig(inject_failure_rate=1.5))
+
+
 def test_duplicate_tool_names_rejected() -> None:
     with pytest.raises(ValueError, match="unique"):
         Toolbox([EchoTool("search"), EchoTool("search")])

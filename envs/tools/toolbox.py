@@ -28,6 +28,10 @@ class ToolboxConfig:
     backoff_s: float = 0.5  # first retry delay, doubled each time, with jitter
     backoff_max_s: float = 8.0
     cache: CacheConfig = field(default_factory=CacheConfig)
+    # Fault injection for drills and tests: each attempt of a call fails with this probability
+    # (error kind "injected", retryable like a flaky service) before the tool runs. 0 = off.
+    inject_failure_rate: float = 0.0
+    inject_seed: int | None = None  # None = a different draw in every process
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,10 @@ class Toolbox:
             raise ValueError(f"two tools share the name(s) {duplicates}; tool names must be unique")
         if self.config.max_attempts < 1:
             raise ValueError("toolbox.max_attempts must be >= 1 (1 = no retries)")
+        if not 0.0 <= self.config.inject_failure_rate <= 1.0:
+            raise ValueError(f"toolbox.inject_failure_rate must be in [0, 1], got "
+                             f"{self.config.inject_failure_rate}")
+        self._inject = random.Random(self.config.inject_seed)
         self.tools: dict[str, Tool] = {tool.name: tool for tool in tools}
         self.cache = cache if cache is not None else build_cache(self.config.cache)
         self.metrics = ToolMetrics()
@@ -114,6 +122,9 @@ class Toolbox:
         while True:
             attempt += 1
             try:
+                if self.config.inject_failure_rate and self._inject.random() < self.config.inject_failure_rate:
+                    raise ToolError("injected", "the service did not answer (a failure injected by "
+                                    "toolbox.inject_failure_rate)", retryable=True)
                 text = await asyncio.wait_for(tool.call(normalised), self.config.timeout_s)
             except (TimeoutError, asyncio.TimeoutError):
                 error = ToolError("timeout", f"no result within {self.config.timeout_s:g} s",

@@ -80,7 +80,8 @@ class TrajectoryStore(ABC):
       rises (Redis XAUTOCLAIM). Items are never deleted from a stream by acking.
     - ``claim`` with ``block_ms > 0`` waits up to that long for new items; ``0`` returns at once.
     - Checkpoints are single JSON objects by key, overwritten by each ``checkpoint``; a missing
-      key loads as ``None``; dropping a missing key is not an error.
+      key loads as ``None``; dropping a missing key is not an error; ``checkpoint_keys`` lists the
+      namespace's keys.
     - Payloads are JSON objects (a trajectory's ``to_json()`` form); what comes out is an equal copy.
     - Stream, group and consumer names are 1-200 characters of letters, digits and ``_ . : -``.
     - The client is picklable: pass it to Ray actors; it reconnects lazily where it lands.
@@ -126,6 +127,10 @@ class TrajectoryStore(ABC):
 
     @abstractmethod
     async def drop_checkpoint(self, key: str) -> None: ...
+
+    @abstractmethod
+    async def checkpoint_keys(self) -> list[str]:
+        """The keys of the checkpoints held in this namespace, sorted (episodes in progress)."""
 
     @abstractmethod
     async def close(self) -> None: ...

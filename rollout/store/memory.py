@@ -166,6 +166,9 @@ class MemoryStoreActor:
     async def drop_checkpoint(self, key: str) -> None:
         self._checkpoints.pop(key, None)
 
+    async def checkpoint_keys(self, prefix: str) -> list[str]:
+        return sorted(key[len(prefix):] for key in self._checkpoints if key.startswith(prefix))
+
 
 class MemoryTrajectoryStore(TrajectoryStore):
     """Client of a :class:`MemoryStoreActor`: finds the actor named ``config.actor_name`` in the
@@ -249,6 +252,9 @@ class MemoryTrajectoryStore(TrajectoryStore):
     async def drop_checkpoint(self, key: str) -> None:
         check_id("checkpoint key", key)
         await self._call(self._actor.drop_checkpoint.remote(f"{self._namespace}/{key}"))
+
+    async def checkpoint_keys(self) -> list[str]:
+        return await self._call(self._actor.checkpoint_keys.remote(f"{self._namespace}/"))
 
     async def close(self) -> None:
         """Nothing to release: the actor is shared, and stays up for the other clients."""

@@ -272,6 +272,13 @@ class RedisTrajectoryStore(TrajectoryStore):
         with self._reachable():
             await self._redis().delete(name)
 
+    async def checkpoint_keys(self) -> list[str]:
+        prefix = f"{self._config.namespace}:checkpoint:"
+        with self._reachable():
+            names = [name async for name in self._redis().scan_iter(match=f"{_glob_escape(prefix)}*",
+                                                                     count=1000)]
+        return sorted(name[len(prefix):] for name in names)
+
     async def close(self) -> None:
         connection, self._connection = self._connection, None
         self._groups.clear()
@@ -292,6 +299,10 @@ class RedisTrajectoryStore(TrajectoryStore):
         self._groups.discard((key, group))
         await self._ensure_group(key, group)
         return await command()
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)
 
 
 def _claimed(fields: dict[str, str], deliveries: int) -> Claimed:

@@ -1,0 +1,172 @@
+"""Fault tolerance of `turnstile train` (async mode, where the store and the reward service run), on
+the memory and the redis store.
+
+Each test kills one part mid-run, the way a node failure or an OOM kill would (``ray.kill`` of the
+named actor; Ray restarts rollout and reward workers, engine replicas stay dead), and counts: the
+run finishes its steps, and every task whose group reached the learner has its G samples exactly
+once. Killing the driver and resuming is in ``test_train_resume.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import ray
+
+from cluster.config import load_config
+from cluster.train import TrainJob, run_train
+from rollout.trajectory import Trajectory, load_trajectories
+from tests.test_train import EXAMPLE, SMALL
+
+pytestmark = pytest.mark.integration
+
+G = 4
+STEPS = 3
+
+
+def overrides(tmp_path: Path, store: str, redis_url: str, *extra: str) -> list[str]:
+    return [*SMALL, "mode=async", "staleness=1", f"steps={STEPS}", "eval_every=0", f"out={tmp_path}",
+            f"name=f{tmp_path.name[-12:]}", f"rollout.group_size={G}", "tasks_per_step=1",
+            "rollout.episode.env.max_turns=6", "rollout.fleet.workers=2",
+            "rollout.fleet.episodes_per_worker=8", "rollout.fleet.checkpoint_every=2",
+            f"store.kind={store}", f"store.namespace=t{tmp_path.name[-12:]}",
+            *([f"store.url={redis_url}"] if store == "redis" else []), *extra]
+
+
+class Killer(threading.Thread):
+    """Polls ``ready()`` and, once it is true, kills the named actor (restartable, like a crash)."""
+
+    def __init__(self, actor: str, ready: Callable[[], bool]) -> None:
+        super().__init__(daemon=True)
+        self.actor, self.ready, self.killed_at = actor, ready, None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 300
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    if self.ready():
+                        ray.kill(ray.get_actor(self.actor), no_restart=False)
+                        self.killed_at = time.monotonic()
+                        return
+                except ValueError:  # the actor is not started yet
+                    pass
+                time.sleep(0.05)
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            self.error = error
+
+
+def worker_status(name: str) -> dict[str, int]:
+    return ray.get(ray.get_actor(name).status.remote(), timeout=30)
+
+
+def trained_on(out: Path) -> list[Trajectory]:
+    return [t for step in range(STEPS) for t in load_trajectories(out / "scored" / f"step{step}.jsonl")]
+
+
+def assert_exactly_once(out: Path) -> list[Trajectory]:
+    samples = trained_on(out)
+    assert len(samples) == STEPS * G
+    keys = Counter((t.uid, t.sample) for t in samples)
+    assert max(keys.values()) == 1, [k for k, n in keys.items() if n > 1]  # no sample twice
+    groups = Counter(t.uid for t in samples)
+    assert set(groups.values()) == {G}  # every group whole: G samples, each once
+    assert all(sorted(t.sample for t in samples if t.uid == uid) == list(range(G)) for uid in groups)
+    assert all(t.outcome is not None for t in samples)  # every sample scored
+    history = json.loads((out / "run.json").read_text())["history"]
+    assert [int(m["step"]) for m in history] == list(range(1, STEPS + 1))
+    return samples
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_killed_rollout_worker_resumes_its_episodes(ray_local: None, redis_url: str, tmp_path: Path,  # noqa: ARG001
+                                                    store: str) -> None:
+    job = load_config(TrainJob, EXAMPLE, overrides(tmp_path, store, redis_url))
+    victim = f"{job.name}-worker-0"
+    # Kill the worker while it runs an episode that has saved a checkpoint.
+    killer = Killer(victim, lambda: worker_status(victim)["checkpointed"] >= 1)
+    killer.start()
+    state = run_train(job, progress=False)
+    killer.join(timeout=5)
+    assert killer.error is None and killer.killed_at is not None, "the worker was never killed"
+    assert state.step == STEPS
+    samples = assert_exactly_once(tmp_path)
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert history[-1]["rollout/rerun"] >= 1  # the dead worker's episodes ran again elsewhere ...
+    # ... from their checkpoints, not from the start (some may have been dropped as stale, or
+    # belong to groups after the last step, so look at everything the workers finished).
+    finished = [t for path in (tmp_path / "scored").glob("*.jsonl") for t in load_trajectories(path)]
+    resumed = [t for t in finished if t.metadata.get("resumed_at_turn")]
+    assert resumed or any(t.metadata.get("resumed_at_turn") for t in samples), \
+        "no episode of the killed worker resumed from its checkpoint"
+    assert all(t.metadata["resumed_at_turn"] % 2 == 0 for t in resumed)  # checkpoint_every=2
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_killed_engine_replica_moves_its_episodes(ray_local: None, redis_url: str, tmp_path: Path,  # noqa: ARG001
+                                                  store: str) -> None:
+    job = load_config(TrainJob, EXAMPLE, overrides(tmp_path, store, redis_url,
+                                                   "rollout.fleet.engine_replicas=2",
+                                                   "rollout.fleet.engine_cpus=0.5"))
+    worker = f"{job.name}-worker-0"
+    killer = Killer(f"{job.name}-engine-0", lambda: worker_status(worker)["checkpointed"] >= 1)
+    killer.start()
+    state = run_train(job, progress=False)
+    killer.join(timeout=5)
+    assert killer.error is None and killer.killed_at is not None, "the engine replica was never killed"
+    # The run went on with one replica: updates published to it, every step trained.
+    assert state.step == STEPS and state.weights_version == STEPS
+    samples = assert_exactly_once(tmp_path)
+    assert all(t.stop_reason.value != "engine_error" for t in samples)  # requests moved, not failed
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_killed_reward_worker_loses_nothing(ray_local: None, redis_url: str, tmp_path: Path,  # noqa: ARG001
+                                            store: str) -> None:
+    job = load_config(TrainJob, EXAMPLE, overrides(tmp_path, store, redis_url, "reward_service.workers=2"))
+    victim = f"{job.name}-reward-0"
+
+    def scored_some() -> bool:
+        return ray.get(ray.get_actor(victim).counts.remote(), timeout=30).scored >= 1
+
+    killer = Killer(victim, scored_some)
+    killer.start()
+    state = run_train(job, progress=False)
+    killer.join(timeout=5)
+    assert killer.error is None and killer.killed_at is not None, "the reward worker was never killed"
+    assert state.step == STEPS
+    assert_exactly_once(tmp_path)
+
+
+def test_tool_failures_at_30_percent_every_episode_completes(ray_local: None, redis_url: str,  # noqa: ARG001
+                                                             tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # The random tiny model rarely writes a valid call, so the scripted expert drives the rollout
+    # (the learner still trains the tiny model on its turns): every turn calls a tool.
+    job = load_config(TrainJob, EXAMPLE, overrides(
+        tmp_path, "memory", redis_url, "rollout.engine.kind=scripted", "rollout.episode.max_new_tokens=200",
+        "rollout.episode.context_budget=4096", "rollout.episode.env.max_turns=12",
+        "rollout.tools.toolbox.inject_failure_rate=0.3", "rollout.tools.toolbox.max_attempts=1",
+        "rollout.tools.toolbox.cache.backend=none"))
+    state = run_train(job, progress=False)
+    assert state.step == STEPS
+    samples = assert_exactly_once(tmp_path)
+    # Every episode ran to an end of its own (no engine error, no timeout) despite the failures.
+    assert all(t.stop_reason.value in ("answered", "no_answer", "context_overflow", "malformed_answer")
+               for t in samples)
+    calls = [turn for t in samples for turn in t.turns if turn.tool_ok is not None]
+    failed = [turn for turn in calls if turn.tool_ok is False]
+    assert len(calls) >= 30 and 0.15 <= len(failed) / len(calls) <= 0.45
+    assert {turn.tool_error for turn in failed} == {"injected"}
+    # ... and the failures are in the metrics and on the console.
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert sum(m["rollout/tool_failures"] for m in history) == len(failed)
+    assert all(0.0 < m["rollout/tool_error_rate"] < 1.0 for m in history)
+    assert "tool failures" in capsys.readouterr().out
