@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from rollout.engines.base import PolicyEngine
+from rollout.model_store import kept_versions
 
 MODES = ("inplace", "checkpoint")
 
@@ -99,7 +100,8 @@ class WeightsArchive:
 
     The training loop adds every published version (before the engines serve it); version 0 is a
     link to the base model. What reads it (the ``information_gain`` reward) scores a trajectory with
-    the version that generated it, or the closest one still kept (:func:`closest_version`). With the
+    the version that generated it, or the closest one still kept
+    (:func:`rollout.model_store.closest_version`). With the
     async loop's staleness bound η, ``keep = η + 2`` keeps every version a sample can still come from.
     """
 
@@ -123,25 +125,6 @@ class WeightsArchive:
         for old in sorted(kept_versions(self.root))[:-self.keep]:
             _remove(self.root / f"v{old}")
         return target
-
-
-def kept_versions(root: str | Path) -> dict[int, Path]:
-    """The versions under an archive directory, by number."""
-    found: dict[int, Path] = {}
-    for entry in Path(root).glob("v*"):
-        if entry.name[1:].isdigit() and (entry / "config.json").is_file():
-            found[int(entry.name[1:])] = entry
-    return found
-
-
-def closest_version(root: str | Path, wanted: int) -> tuple[int, Path]:
-    """The kept version nearest ``wanted`` (ties: the newer); raises when the archive is empty."""
-    kept = kept_versions(root)
-    if not kept:
-        raise FileNotFoundError(f"the weights archive {root} holds no version: is it the training "
-                                "run's out/weights directory?")
-    version = min(kept, key=lambda v: (abs(v - wanted), -v))
-    return version, kept[version]
 
 
 def _remove(path: Path) -> None:

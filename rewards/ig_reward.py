@@ -5,8 +5,8 @@ reuses one KV cache per segment (``O(L + T·R)``). The scoring model should be t
 generated the trajectory (the behaviour policy, ALGORITHMS.md §4):
 
 - ``model``: one fixed model directory (scoring saved rollouts of a known policy);
-- ``versions_dir``: a :class:`~learner.publish.WeightsArchive` (``turnstile train`` keeps one under
-  ``out/weights`` and points this option at it). Each trajectory is scored by the version that
+- ``versions_dir``: a weights archive (``turnstile train`` keeps one under ``out/weights``, see
+  ``learner.publish.WeightsArchive``, and points this option at it). Each trajectory is scored by the version that
   generated most of its turns (ties: the newer), or, when that one is no longer kept, the closest
   version kept; ``metadata["ig_weights_version"]`` records which. With partial rollouts a trajectory
   mixes versions; the staleness bound keeps them within η of each other.
@@ -26,7 +26,7 @@ from envs.tasks import Task
 from rewards.base import RewardPlugin
 from rewards.information_gain import GoldScorer, information_gain_values
 from rollout.chat import ChatFormat
-from rollout.model_store import resolve_model
+from rollout.model_store import closest_version, resolve_model
 from rollout.trajectory import Trajectory
 
 
@@ -63,8 +63,6 @@ class InformationGain(RewardPlugin):
     def _model_for(self, trajectory: Trajectory) -> str:
         if not self.config.versions_dir:
             return resolve_model(self.config.model)
-        from learner.publish import closest_version
-
         versions = Counter(turn.weights_version for turn in trajectory.turns)
         wanted = max(versions, key=lambda v: (versions[v], v)) if versions else 0
         version, path = closest_version(self.config.versions_dir, wanted)

@@ -171,3 +171,24 @@ def _init_model(spec: TinyModelSpec, tokenizer):  # noqa: ANN001, ANN202 - trans
     model = Qwen3ForCausalLM(config).to(torch.float32)
     model.generation_config = GenerationConfig(eos_token_id=[end_of_turn, pad], pad_token_id=pad)
     return model
+
+
+# ---- a training run's kept weights versions (written by learner.publish.WeightsArchive) ----------
+
+def kept_versions(root: str | Path) -> dict[int, Path]:
+    """The versions under an archive directory, by number."""
+    found: dict[int, Path] = {}
+    for entry in Path(root).glob("v*"):
+        if entry.name[1:].isdigit() and (entry / "config.json").is_file():
+            found[int(entry.name[1:])] = entry
+    return found
+
+
+def closest_version(root: str | Path, wanted: int) -> tuple[int, Path]:
+    """The kept version nearest ``wanted`` (ties: the newer); raises when the archive is empty."""
+    kept = kept_versions(root)
+    if not kept:
+        raise FileNotFoundError(f"the weights archive {root} holds no version: is it the training "
+                                "run's out/weights directory?")
+    version = min(kept, key=lambda v: (abs(v - wanted), -v))
+    return version, kept[version]

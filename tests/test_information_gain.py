@@ -348,8 +348,9 @@ def _perturbed(scale: float) -> dict[str, torch.Tensor]:
 
 async def test_ig_scores_with_the_generating_version_or_the_closest_kept(mono: Trajectory,
                                                                           tmp_path: Path) -> None:
-    from learner.publish import WeightsArchive, closest_version, kept_versions
+    from learner.publish import WeightsArchive
     from rewards.ig_reward import InformationGain, InformationGainConfig
+    from rollout.model_store import closest_version, kept_versions
 
     archive = WeightsArchive(tmp_path / "weights", ensure_default_model(), keep=3)
     assert sorted(kept_versions(archive.root)) == [0]  # version 0 is the base model

@@ -8,6 +8,7 @@ stopped by killing that group, never with `ray stop`, which would also stop the 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def _kill_cluster(head: subprocess.Popen[bytes], temp_dir: str) -> None:
                     os.kill(int(entry.name), signal.SIGKILL)
             except (OSError, ProcessLookupError):
                 pass
+    shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture()
@@ -50,24 +52,33 @@ def ray_head() -> Iterator[tuple[str, dict[str, str]]]:
     temp_dir = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's socket paths must stay < 108
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
+    # Ray 2.60 clusters require a token by default; say so explicitly, so the cluster and every CLI
+    # call use the same token file (~/.ray/auth_token, generated on first use).
+    env["RAY_AUTH_MODE"] = "token"
     dashboard = free_port()
     head = subprocess.Popen(
+        # Every port its own (another Ray on this machine holds the defaults), all on loopback.
         [str(BIN / "ray"), "start", "--head", "--block", f"--port={free_port()}", "--num-cpus=4",
+         "--node-ip-address=127.0.0.1", f"--dashboard-agent-listen-port={free_port()}",
+         f"--dashboard-agent-grpc-port={free_port()}", f"--metrics-export-port={free_port()}",
+         f"--runtime-env-agent-port={free_port()}", f"--ray-client-server-port={free_port()}",
          "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
          f"--temp-dir={temp_dir}", "--object-store-memory=400000000", "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
     try:
-        deadline = time.monotonic() + 120
+        # Ready when a job runs: the job server answers before the node's agent can take jobs.
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            probe = subprocess.run([str(BIN / "ray"), "job", "list", "--address", address], env=env,
-                                   capture_output=True, text=True, timeout=60)
-            if probe.returncode == 0:
+            probe = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", address, "--", "echo",
+                                    "ready"], env=env, capture_output=True, text=True, timeout=120)
+            if probe.returncode == 0 and "ready" in probe.stdout:
                 break
             assert head.poll() is None, "ray start --head exited"
-            time.sleep(1)
+            time.sleep(2)
         else:
-            pytest.fail("the Ray head's job server did not come up within 120 s")
+            pytest.fail(f"the Ray head could not run a job within 180 s: {probe.stdout[-1000:]}"
+                        f"{probe.stderr[-1000:]}")
         yield address, env
     finally:
         _kill_cluster(head, temp_dir)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from cluster.cli import main
 from cluster.config import load_config
+from cluster.score import RewardEntry
 from cluster.train import TrainError, TrainJob, check, run_train, step_tasks
 from envs.tasks import Task
 from rollout.trajectory import load_trajectories
@@ -78,7 +80,9 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
     overrides = [*SMALL, "mode=async", "staleness=1", "steps=3", "eval_every=0", f"out={tmp_path}",
                  f"store.kind={store}", f"store.namespace=t{tmp_path.name}",
                  "rollout.fleet.episodes_per_worker=16", *([f"store.url={redis_url}"] if store == "redis" else [])]
-    state = run_train(load_config(TrainJob, EXAMPLE, overrides), progress=False)
+    job = load_config(TrainJob, EXAMPLE, overrides)
+    job.rewards.append(RewardEntry("information_gain"))  # scored by the version that generated each sample
+    state = run_train(job, progress=False)
     assert state.step == 3 and state.weights_version == 3
     # Admission: never more than (η + version + 1) batches of samples started.
     assert state.accepted <= (1 + 3 + 1) * 4
@@ -92,4 +96,10 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
                    for t in batch)
     keys = [(t.uid, t.sample) for batch in trained_on for t in batch]
     assert len(keys) == len(set(keys))  # each sample reached the learner once
+    for t in (t for batch in trained_on for t in batch):
+        versions = Counter(turn.weights_version for turn in t.turns)
+        generating = max(versions, key=lambda v: (versions[v], v))
+        assert t.metadata["ig_weights_version"] == generating  # kept: η + 2 versions
+        assert all(turn.ig_value is not None for turn in t.turns)
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir() if p.name.startswith("v")) == ["v1", "v2", "v3"]
     assert "step 3 | reward" in capsys.readouterr().out
