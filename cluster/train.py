@@ -209,14 +209,16 @@ class Run:
         """Credit, one update, publish, metrics, evaluation and checkpoint for one step's samples.
 
         Samples whose oldest turn is more than ``staleness`` versions behind are dropped first
-        (only the asynchronous loop produces them).
+        (only the asynchronous loop produces them), and so are samples without a turn (the engine
+        failed on the first one: nothing to learn from; counted as ``rollout/empty``).
         """
         job, state = self.job, self.state
         started = time.monotonic()
+        empty = [t for t in trajectories if not t.turns]  # the engine failed before a first turn
         fresh = [t for t in trajectories
-                 if state.weights_version - min((turn.weights_version for turn in t.turns), default=0)
+                 if t.turns and state.weights_version - min(turn.weights_version for turn in t.turns)
                  <= job.staleness]
-        stale = len(trajectories) - len(fresh)
+        stale = len(trajectories) - len(fresh) - len(empty)
         state.dropped_stale += stale
         if fresh:
             assign_credit(fresh, self.estimator)
@@ -239,6 +241,7 @@ class Run:
                                         "publish": published - trained},
                                dropped=stale)
         metrics.update({"rollout/rerun": float(self.rerun), "staleness/dropped_total": float(state.dropped_stale),
+                        "rollout/empty": float(len(empty)),
                         "weights/version": float(state.weights_version), **(extra or {})})
         if job.eval_every and state.step % job.eval_every == 0:
             metrics.update(_evaluate(job, self.workers, self.eval_tasks, state.step, self.out, self.progress))

@@ -67,6 +67,24 @@ def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: P
     assert {turn.weights_version for t in third for turn in t.turns} == {2}
 
 
+def test_gpu_cluster_example_is_a_valid_experiment() -> None:
+    from envs.datasets.registry import resolve_loader
+    from rewards.base import resolve_reward
+    from rollout.engines.registry import resolve_engine
+
+    job = load_config(TrainJob, EXAMPLE.parent / "train_gpu.yaml", [])
+    check(job)  # mode, steps, estimator
+    assert job.mode == "async" and job.learner.dp == 4 and job.learner.gpu is True
+    assert job.rollout.fleet.engine_replicas > 1 and job.rollout.fleet.engine_gpus == 1
+    assert job.rollout.engine.vllm.weight_sync == "checkpoint" and job.store.kind == "redis"
+    assert job.learner.mini_batch % job.learner.dp == 0
+    for entry in job.rewards:
+        resolve_reward(entry.kind)
+    resolve_engine(job.rollout.engine.kind)
+    resolve_loader(job.rollout.data.kind)
+    resolve_loader(job.eval_data.kind)
+
+
 def test_command_rejects_unknown_keys(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         main(["train", "--config", str(EXAMPLE), "learner.lr_typo=1"])
@@ -103,3 +121,15 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
         assert all(turn.ig_value is not None for turn in t.turns)
     assert sorted(p.name for p in (tmp_path / "weights").iterdir() if p.name.startswith("v")) == ["v1", "v2", "v3"]
     assert "step 3 | reward" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+def test_episodes_without_a_turn_are_counted_not_trained(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+    # The expert knows the world of seed 0 only: on seed 3's questions its engine fails every first
+    # turn, so every sample is empty. The step runs, trains nothing, and says so.
+    job = load_config(TrainJob, EXAMPLE, [*SMALL, "steps=1", "eval_every=0", "rollout.engine.kind=scripted",
+                                          "rollout.data.seed=3", f"out={tmp_path}"])
+    state = run_train(job, progress=False)
+    assert state.step == 1 and state.weights_version == 0  # no update, nothing published
+    (metrics,) = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert metrics["rollout/empty"] == 4 and metrics["rollout/stop_engine_error"] == 1.0
