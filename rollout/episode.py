@@ -153,7 +153,6 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
                           replace(config.env, expect_report=context_manager.expect_report))
     episode = _Episode(trajectory, engine, chat, context_manager, config,
                        affinity if affinity is not None else f"{uid}/{sample}", checkpointing)
-    started = time.monotonic()
     deadline = asyncio.timeout(config.timeout_s)
     try:
         async with deadline:
@@ -164,7 +163,7 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
         trajectory.stop_reason = StopReason.TIMEOUT
     finally:
         await env.close()
-        trajectory.wall_s = episode.wall_before + time.monotonic() - started
+        trajectory.wall_s = episode.wall_s()
     return trajectory
 
 
@@ -189,6 +188,10 @@ class _Episode:
         self._started = time.monotonic()
         # Room kept free in every context for the forced-answer instruction.
         self.reserve = len(chat.delta_ids(FINAL_ANSWER_INSTRUCTION, ()))
+
+    def wall_s(self) -> float:
+        """Wall time of the episode so far, including what it ran before a resume."""
+        return self.wall_before + time.monotonic() - self._started
 
     async def run(self, env: SearchBrowseEnv) -> None:
         prompt_ids = self.context.start(self.chat, await env.reset())
@@ -236,7 +239,7 @@ class _Episode:
         save, every = self.checkpointing.save, self.checkpointing.every
         if save is None or every < 1 or self.turns % every:
             return
-        self.trajectory.wall_s = self.wall_before + time.monotonic() - self._started
+        self.trajectory.wall_s = self.wall_s()
         state = EpisodeState(self.trajectory, env.snapshot(), self.context.snapshot(), self.overflowed)
         try:
             await save(state)
