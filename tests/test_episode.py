@@ -23,7 +23,7 @@ from envs.protocol import FINAL_ANSWER_INSTRUCTION, render_tool_call
 from envs.synthetic.evaluate import answer_matches
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
-from envs.synthetic.world import World, WorldConfig, generate_world
+from envs.synthetic.world import WorldConfig, generate_world
 from envs.tasks import Task
 from envs.tools.toolbox import Toolbox
 from rollout.chat import ChatFormat
@@ -31,11 +31,10 @@ from rollout.context import ContextConfig, build_context_manager
 from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
 from rollout.engines.scripted import ScriptedEngine
 from rollout.episode import EpisodeConfig, run_episode
-from rollout.model_store import ensure_default_model
 from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
-from tests.tools_for_tests import memory_toolbox
+from tests.conftest import WORLD_BASE
 
-BASE = "http://corpus.test"
+BASE = WORLD_BASE
 
 
 class Policy:
@@ -106,32 +105,6 @@ class Slow(Policy):
                        affinity: str | None = None) -> Generation:
         await asyncio.sleep(30)
         raise AssertionError("the episode timeout should have fired")
-
-
-@pytest.fixture(scope="module")
-def chat() -> ChatFormat:
-    return ChatFormat.from_pretrained(ensure_default_model())
-
-
-@pytest.fixture(scope="module")
-def world() -> World:
-    return generate_world(WorldConfig(seed=0))
-
-
-@pytest.fixture(scope="module")
-def tasks(world: World) -> list[Task]:
-    return generate_tasks(world, QuestionConfig(), BASE)
-
-
-@pytest.fixture(scope="module")
-def toolbox(world: World) -> Toolbox:
-    documents = world_documents(world, BASE)
-    return memory_toolbox(documents)
-
-
-@pytest.fixture(scope="module")
-def expert(chat: ChatFormat, tasks: list[Task]) -> ScriptedEngine:
-    return ScriptedEngine(chat, tasks=tasks)
 
 
 def chain(tasks: list[Task], hops: int = 3) -> Task:

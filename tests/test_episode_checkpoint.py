@@ -22,15 +22,7 @@ from rollout.context import ContextConfig, build_context_manager
 from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
 from rollout.episode import Checkpointing, EpisodeConfig, EpisodeState, run_episode
 from rollout.trajectory import StopReason, Trajectory
-from tests.test_episode import (  # noqa: F401
-    Policy,
-    assert_token_invariant,
-    chain,
-    chat,
-    tasks,
-    toolbox,
-    world,
-)
+from tests.test_episode import Policy, assert_token_invariant, chain
 
 
 class ContextPolicy(Policy):
@@ -81,8 +73,8 @@ async def _saved_states(task: Task, engine: ContextPolicy, box: Toolbox, chat_fo
     ("iter_research", True, {"max_turns": 9}),
     ("discard_all", False, {"max_turns": 14, "context_budget": 2600, "max_resets": 3}),
 ])
-async def test_resumed_episode_continues_turn_for_turn(chat: ChatFormat, tasks: list[Task],  # noqa: F811
-                                                       toolbox: Toolbox, kind: str, report: bool,  # noqa: F811
+async def test_resumed_episode_continues_turn_for_turn(chat: ChatFormat, tasks: list[Task],
+                                                       toolbox: Toolbox, kind: str, report: bool,
                                                        limits: dict[str, int]) -> None:
     task = chain(tasks, hops=4)
     whole, states = await _saved_states(task, ContextPolicy(chat, task.question, report), toolbox,
@@ -106,8 +98,8 @@ async def test_resumed_episode_continues_turn_for_turn(chat: ChatFormat, tasks: 
     assert_token_invariant(resumed, chat)
 
 
-async def test_a_failing_save_is_counted_and_the_episode_goes_on(chat: ChatFormat, tasks: list[Task],  # noqa: F811
-                                                                  toolbox: Toolbox) -> None:  # noqa: F811
+async def test_a_failing_save_is_counted_and_the_episode_goes_on(chat: ChatFormat, tasks: list[Task],
+                                                                  toolbox: Toolbox) -> None:
     async def save(state: EpisodeState) -> None:
         raise ConnectionError("store down")
 
@@ -118,8 +110,8 @@ async def test_a_failing_save_is_counted_and_the_episode_goes_on(chat: ChatForma
     assert trajectory.metadata["checkpoint_failures"] == len(trajectory.turns) - 1
 
 
-async def test_bad_checkpoints_are_refused_by_name(chat: ChatFormat, tasks: list[Task],  # noqa: F811
-                                                   toolbox: Toolbox) -> None:  # noqa: F811
+async def test_bad_checkpoints_are_refused_by_name(chat: ChatFormat, tasks: list[Task],
+                                                   toolbox: Toolbox) -> None:
     for garbage, why in [([], "trajectory, env and context"),
                          ({"trajectory": {"uid": 1}, "env": {}, "context": {}}, "malformed"),
                          ({"trajectory": Trajectory("u", 0, "t", "q", []).to_json(), "env": {},

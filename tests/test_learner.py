@@ -22,13 +22,6 @@ from learner.publish import PublishError, publish, write_checkpoint
 from learner.trainer import Learner, LearnerConfig, LearnerError, rank_major_layout
 from rollout.engines.base import SamplingParams
 from rollout.trajectory import load_trajectories
-from tests.test_episode import (  # noqa: F401 - fixtures
-    chat,
-    expert,
-    tasks,
-    toolbox,
-    world,
-)
 from tests.test_score import EXAMPLE, saved  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.integration]

@@ -44,16 +44,7 @@ from rewards.service import (
 )
 from rollout.store import FINISHED, SCORED, StoreConfig, TrajectoryStore, build_store
 from rollout.trajectory import Trajectory
-from tests.test_episode import (  # noqa: F401 - fixtures
-    Stubborn,
-    chain,
-    chat,
-    episode,
-    expert,
-    tasks,
-    toolbox,
-    world,
-)
+from tests.test_episode import Stubborn, chain, episode
 
 MEMORY_ACTOR = "turnstile-store-reward-tests"
 BACKENDS = [pytest.param(kind, id=kind, marks=pytest.mark.integration) for kind in ("memory", "redis")]
@@ -115,7 +106,7 @@ class Episodes:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def episodes(tasks, expert, toolbox, chat) -> Episodes:  # noqa: F811
+async def episodes(tasks, expert, toolbox, chat) -> Episodes:
     task = chain(tasks, hops=2)
     good = [await episode(task, expert, toolbox, chat, sample=s) for s in (0, 1)]
     bad = await episode(task, Stubborn(chat), toolbox, chat, sample=2, max_turns=3)
@@ -423,7 +414,7 @@ def test_bad_settings_are_refused_with_their_name() -> None:
         RewardService(config, [])
 
 
-def test_what_the_workers_get_pickles(tasks: list[Task]) -> None:  # noqa: F811
+def test_what_the_workers_get_pickles(tasks: list[Task]) -> None:
     task = chain(tasks, hops=2)
     assert task.clues
     sent = (StoreConfig(kind="redis", url="redis://h:1/0", namespace="run"), CHEAP,

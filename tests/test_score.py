@@ -10,23 +10,13 @@ from cluster.cli import main
 from cluster.config import load_config
 from cluster.score import ScoreConfig, score_saved
 from rollout.trajectory import load_trajectories, save_trajectories
-from tests.test_episode import (  # noqa: F401 - fixtures
-    BASE,
-    Stubborn,
-    chain,
-    chat,
-    episode,
-    expert,
-    tasks,
-    toolbox,
-    world,
-)
+from tests.test_episode import BASE, Stubborn, chain, episode
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "score.yaml"
 
 
 @pytest.fixture
-async def saved(tmp_path: Path, tasks, expert, toolbox, chat) -> Path:  # noqa: ANN001, F811
+async def saved(tmp_path: Path, tasks, expert, toolbox, chat) -> Path:  # noqa: ANN001
     task = chain(tasks, hops=2)
     good = [await episode(task, expert, toolbox, chat, sample=s) for s in (0, 1)]
     bad = await episode(task, Stubborn(chat), toolbox, chat, sample=2, max_turns=3)
