@@ -119,6 +119,13 @@ class EpisodeState:
         return cls(trajectory, dict(record["env"]), dict(record["context"]),
                    bool(record.get("overflowed", False)))
 
+    def check_for(self, task: Task, uid: str, sample: int) -> None:
+        """Raise ValueError unless this state is of episode ``uid``/``sample`` of ``task``."""
+        saved = self.trajectory
+        if (saved.uid, saved.sample, saved.task_id) != (uid, sample, task.id):
+            raise ValueError(f"the checkpoint is of episode {saved.uid}/{saved.sample} (task "
+                             f"{saved.task_id}), not {uid}/{sample} (task {task.id})")
+
 
 @dataclass
 class Checkpointing:
@@ -144,11 +151,8 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
     trajectory = Trajectory(uid=uid, sample=sample, task_id=task.id, question=task.question,
                             answers=list(task.answers), context_manager=context_manager.name,
                             policy=chat.name)
-    resume = checkpointing.resume if checkpointing else None
-    if resume is not None and (resume.trajectory.uid, resume.trajectory.sample,
-                               resume.trajectory.task_id) != (uid, sample, task.id):
-        raise ValueError(f"the checkpoint is of episode {resume.trajectory.uid}/{resume.trajectory.sample} "
-                         f"(task {resume.trajectory.task_id}), not {uid}/{sample} (task {task.id})")
+    if checkpointing is not None and checkpointing.resume is not None:
+        checkpointing.resume.check_for(task, uid, sample)
     env = SearchBrowseEnv(task, toolbox,
                           replace(config.env, expect_report=context_manager.expect_report))
     episode = _Episode(trajectory, engine, chat, context_manager, config,

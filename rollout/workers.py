@@ -98,7 +98,8 @@ class RolloutWorker:
 
     async def run(self, task: Task, uid: str, sample: int) -> Trajectory:
         affinity = f"{uid}/{sample}"
-        checkpointing, note = await self._checkpointing(f"episode:{uid}:{sample}", task, uid, sample)
+        key = f"episode:{uid}:{sample}"
+        checkpointing, note = await self._checkpointing(key, task, uid, sample)
         self._running[affinity] = 0
         self.resumed += checkpointing is not None and checkpointing.resume is not None
         try:
@@ -111,7 +112,7 @@ class RolloutWorker:
             self.router.release(affinity)
             self._running.pop(affinity, None)
         if checkpointing is not None:
-            await self._drop(f"episode:{uid}:{sample}")
+            await self._drop(key)
         if note:
             trajectory.metadata["checkpoint_error"] = note
         trajectory.policy = self.spec.policy_name
@@ -135,9 +136,7 @@ class RolloutWorker:
         if record is not None:
             try:
                 resume = EpisodeState.from_json(record)
-                saved = resume.trajectory
-                if (saved.uid, saved.sample, saved.task_id) != (uid, sample, task.id):
-                    raise ValueError(f"it belongs to {saved.uid}/{saved.sample} (task {saved.task_id})")
+                resume.check_for(task, uid, sample)
             except ValueError as error:
                 note = f"checkpoint {key} was unusable and dropped: {error}"
                 log.warning("episode %s/%d: %s; starting it afresh", uid, sample, note)
