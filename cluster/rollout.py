@@ -29,11 +29,12 @@ from envs.tasks import Task
 from envs.toolset import ToolsConfig
 from rollout.context import ContextConfig
 from rollout.engines.config import EngineConfig
-from rollout.episode import EpisodeConfig
+from rollout.engines.registry import check_engine_tasks
+from rollout.episode import EpisodeConfig, describe_error
 from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
 from rollout.summary import RolloutSummary, summarize
-from rollout.trajectory import Trajectory, write_trajectory
+from rollout.trajectory import StopReason, Trajectory, write_trajectory
 from rollout.workers import CorpusConfig, WorkerSpec, corpus_documents, start_workers
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,14 @@ class FleetConfig:
     max_episode_attempts: int = 2
     checkpoint_every: int = 4  # turns between checkpoints of a running episode in the store (train)
 
+    def __post_init__(self) -> None:
+        for name in ("engine_replicas", "workers", "episodes_per_worker", "max_episode_attempts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("engine_cpus", "engine_gpus", "worker_cpus", "worker_restarts", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+
 
 @dataclass
 class RolloutConfig:
@@ -72,11 +81,13 @@ class RolloutConfig:
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"group_size={self.group_size} must be >= 1 (samples per task)")
+
 
 def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> RolloutSummary:
     """Run every task's G samples and write the trajectories to ``out`` (JSONL, as they arrive)."""
-    if cfg.group_size < 1:
-        raise ValueError("group_size must be >= 1")
     started = time.monotonic()
     init_ray(cfg.ray)
     model = resolve_model(cfg.engine.model)  # build the default model once, before the actors
@@ -84,6 +95,7 @@ def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> Rollout
         tasks = load_tasks(replace(cfg.data, url_prefix=cfg.data.url_prefix or corpus.base_url + PAGE_PREFIX))
         if not tasks:
             raise ValueError(f"the dataset {cfg.data.kind!r} gave no tasks: check data.path/limit")
+        check_servable(tasks, corpus, cfg.engine)
         engines = start_engines(replace(cfg.engine, model=model), cfg.fleet.engine_replicas,
                                 cfg.fleet.engine_cpus, cfg.fleet.engine_gpus)
         router = EngineRouter(engines)
@@ -111,6 +123,24 @@ def init_ray(cfg: RayConfig) -> None:
              include_dashboard=False if not joining else None, log_to_driver=True, configure_logging=False)
 
 
+def check_servable(tasks: list[Task], corpus: CorpusConfig, engine: EngineConfig) -> None:
+    """Refuse tasks the run cannot serve, before any actor starts: clues on pages the local corpus
+    does not hold (HotpotQA tasks beside the default synthetic world), or questions the engine has
+    no answer for (the scripted expert outside its world)."""
+    if corpus.kind != "none":
+        served = {document.url for document in corpus_documents(corpus, corpus.base_url)}
+        local = corpus.base_url + PAGE_PREFIX
+        missing = [(task.id, url) for task in tasks for clue in task.clues or ()
+                   for url in clue.evidence_urls if url.startswith(local) and url not in served]
+        if missing:
+            tasks_missing = len({task_id for task_id, _ in missing})
+            raise ValueError(f"{tasks_missing} of {len(tasks)} tasks have clue pages the corpus "
+                             f"(corpus.kind={corpus.kind}) does not serve, e.g. {missing[0][1]} of "
+                             f"task {missing[0][0]}: serve the tasks' own corpus (corpus.kind=jsonl, "
+                             f"corpus.path=...) or use tasks of this corpus")
+    check_engine_tasks(engine, [task.question for task in tasks])
+
+
 @contextlib.contextmanager
 def serve_corpus(corpus: CorpusConfig) -> Iterator[CorpusConfig]:
     """Serve the corpus from this process; yields the config with ``base_url`` set."""
@@ -123,6 +153,14 @@ def serve_corpus(corpus: CorpusConfig) -> Iterator[CorpusConfig]:
         if corpus.host in ("0.0.0.0", "::"):
             base = f"http://{ray.util.get_node_ip_address()}:{server.base_url.rsplit(':', 1)[1]}"
         yield replace(corpus, base_url=base)
+
+
+def failed_trajectory(episode: tuple[Task, str, int], error: str) -> Trajectory:
+    """The record of an episode that produced no trajectory of its own: stop reason ``error``."""
+    task, uid, sample = episode
+    return Trajectory(uid=uid, sample=sample, task_id=task.id, question=task.question,
+                      answers=list(task.answers), stop_reason=StopReason.ERROR,
+                      metadata={"error": error})
 
 
 def collect(workers: list[ray.actor.ActorHandle], episodes: list[tuple[Task, str, int]],
@@ -183,8 +221,16 @@ def collect(workers: list[ray.actor.ActorHandle], episodes: list[tuple[Task, str
                 else:
                     log.error("episode %s/%d failed %d times; giving up on it", *key, attempts[key])
                     failed += 1
+                    trajectory = failed_trajectory(episode, f"its worker died {attempts[key]} times "
+                                                            f"running it ({type(error).__name__})")
+                    write_trajectory(trajectory, sink)
+                    done.append(trajectory)
                     bar.update(1)
                 continue
+            except Exception as error:  # noqa: BLE001 - one episode's failure must not end the run
+                log.error("episode %s/%d failed: %s", episode[1], episode[2], describe_error(error))
+                failed += 1
+                trajectory = failed_trajectory(episode, describe_error(error))
             write_trajectory(trajectory, sink)
             sink.flush()
             done.append(trajectory)

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING
 import ray
 from ray.exceptions import RayActorError
 
+from cluster.rollout import failed_trajectory
 from rewards.service import RewardService
+from rollout.episode import describe_error
 from rollout.store import FINISHED, build_store
 from rollout.trajectory import Trajectory
 
@@ -72,12 +74,19 @@ async def async_loop(run: Run) -> None:
                         trajectory: Trajectory = await ref
                     except RayActorError as error:
                         key = (episode[1], episode[2])
-                        if attempts[key] >= job.rollout.fleet.max_episode_attempts:
-                            raise RuntimeError(f"episode {key} failed {attempts[key]} times") from error
-                        log.warning("rollout worker %d died running %s/%d; rerunning it", worker, *key)
-                        run.rerun += 1
-                        _submit(workers, load, running, attempts, episode, avoid=worker)
-                        continue
+                        if attempts[key] < job.rollout.fleet.max_episode_attempts:
+                            log.warning("rollout worker %d died running %s/%d; rerunning it", worker, *key)
+                            run.rerun += 1
+                            _submit(workers, load, running, attempts, episode, avoid=worker)
+                            continue
+                        log.error("episode %s/%d failed %d times; recording it as failed", *key, attempts[key])
+                        trajectory = failed_trajectory(episode, f"its worker died {attempts[key]} times "
+                                                                f"running it ({type(error).__name__})")
+                        run.failed += 1
+                    except Exception as error:  # noqa: BLE001 - one episode's failure must not end the run
+                        log.error("episode %s/%d failed: %s", episode[1], episode[2], describe_error(error))
+                        trajectory = failed_trajectory(episode, describe_error(error))
+                        run.failed += 1
                     await store.put(FINISHED, f"{trajectory.uid}/{trajectory.sample}", trajectory.to_json())
                     state.accepted += 1
             ready.extend(await rewards.release_groups(group_size, wait_s=0))

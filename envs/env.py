@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from envs.protocol import (
     FINAL_ANSWER_INSTRUCTION,
+    MAX_CALL_CHARS,
     ParsedTurn,
     TurnKind,
     parse_turn,
@@ -49,6 +50,18 @@ class EnvConfig:
     require_think: bool = True
     expect_report: bool = False  # iter_research turns carry a <report>
     today: str = ""  # shown in the system prompt when set
+    max_tool_call_chars: int = MAX_CALL_CHARS  # a longer tool call is a malformed turn, never parsed
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns={self.max_turns} must be >= 1")
+        if self.tool_budget < 0:
+            raise ValueError(f"tool_budget={self.tool_budget} must be >= 0 (0 = max_turns - 1)")
+        bad = {name: limit for name, limit in self.per_tool_budget.items() if limit < 0}
+        if bad:
+            raise ValueError(f"per_tool_budget={bad}: budgets must be >= 0")
+        if self.max_tool_call_chars < 64:
+            raise ValueError(f"max_tool_call_chars={self.max_tool_call_chars} must be >= 64")
 
 
 @dataclass(frozen=True)
@@ -103,8 +116,6 @@ class SearchBrowseEnv(Env):
         self.task = task
         self.toolbox = toolbox
         self.config = config or EnvConfig()
-        if self.config.max_turns < 1:
-            raise ValueError("env.max_turns must be >= 1")
         unknown = sorted(set(self.config.per_tool_budget) - set(toolbox.names))
         if unknown:
             raise ValueError(f"env.per_tool_budget names unknown tools {unknown}; "
@@ -149,7 +160,8 @@ class SearchBrowseEnv(Env):
         turn = self.turn
         self.turn += 1
         parsed = parse_turn(action, require_think=self.config.require_think,
-                            expect_report=self.config.expect_report)
+                            expect_report=self.config.expect_report,
+                            max_call_chars=self.config.max_tool_call_chars)
 
         if parsed.kind is TurnKind.ANSWER:
             end = EpisodeEnd.ANSWERED if parsed.format_ok else EpisodeEnd.MALFORMED_ANSWER

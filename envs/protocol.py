@@ -6,13 +6,18 @@ rollout side uses the same module to build prompts and read back what the policy
 
 Parsing never raises on model output: whatever the text, :func:`parse_turn` returns a
 :class:`ParsedTurn` whose ``errors`` say what is wrong, in words the corrective observation shows the
-model.
+model. Its cost is bounded, because it runs on a rollout worker's event loop beside every other
+episode: a tool call longer than ``max_call_chars`` is refused before any JSON parser sees it, the
+lenient json5 parser (about 5 µs a character, pure Python) only reads calls of up to
+``JSON5_MAX_CHARS``, and arguments nested deeper than ``MAX_ARGUMENT_DEPTH`` or holding a lone UTF-16
+surrogate (which no file, cache key or HTTP request can encode) make the turn malformed.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +33,11 @@ REPORT_OPEN, REPORT_CLOSE = "<report>", "</report>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 # What a generation may end with: the stop string itself (vLLM can include it) and end-of-turn marks.
 _TRAILING_STOPS = (RESPONSE_OPEN, "<|im_end|>", "<|endoftext|>")
+
+MAX_CALL_CHARS = 16_384  # default size limit of one tool call body (EnvConfig.max_tool_call_chars)
+JSON5_MAX_CHARS = 2_048  # longer calls must be strict JSON: json5 would hold the event loop ~10 ms+
+MAX_ARGUMENT_DEPTH = 16  # nesting of objects/lists in a call's arguments
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 FINAL_ANSWER_INSTRUCTION = (
     "You have used all the tool calls and context available for this question. Do not call any more "
@@ -74,13 +84,21 @@ def strip_stop(text: str) -> str:
     return stripped
 
 
-def parse_turn(text: str, *, require_think: bool = True, expect_report: bool = False) -> ParsedTurn:
+def without_surrogates(text: str) -> str:
+    """``text`` with every lone UTF-16 surrogate replaced by U+FFFD, so it can be encoded as UTF-8
+    (engines that do not decode through a tokenizer can hand back such strings)."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def parse_turn(text: str, *, require_think: bool = True, expect_report: bool = False,
+               max_call_chars: int = MAX_CALL_CHARS) -> ParsedTurn:
     """Parse and check one assistant turn (ALGORITHMS.md §1).
 
     ``expect_report`` is the iter_research variant: a ``<report>`` block may stand between the think
-    block and the action (it is required there).
+    block and the action (it is required there). A tool call body longer than ``max_call_chars``
+    makes the turn malformed without being parsed.
     """
-    body = strip_stop(text)
+    body = strip_stop(without_surrogates(text))
     errors: list[str] = []
     if not body.strip():
         return ParsedTurn(TurnKind.MALFORMED, False, ("the message is empty",))
@@ -93,7 +111,8 @@ def parse_turn(text: str, *, require_think: bool = True, expect_report: bool = F
     if has_answer and not has_call:
         return _answer_turn(rest, think, report, errors)
     if has_call:
-        return _tool_call_turn(rest, think, report, errors, also_answer=has_answer)
+        return _tool_call_turn(rest, think, report, errors, also_answer=has_answer,
+                               max_call_chars=max_call_chars)
     errors.append("no <tool_call> or <answer> after </think>")
     return ParsedTurn(TurnKind.MALFORMED, False, tuple(errors), think=think, report=report)
 
@@ -152,7 +171,7 @@ def _answer_turn(rest: str, think: str, report: str | None, errors: list[str]) -
 
 
 def _tool_call_turn(rest: str, think: str, report: str | None, errors: list[str],
-                    also_answer: bool) -> ParsedTurn:
+                    also_answer: bool, max_call_chars: int) -> ParsedTurn:
     if also_answer:
         errors.append("a turn holds a tool call or an answer, not both")
     if rest.count(CALL_OPEN) != 1 or rest.count(CALL_CLOSE) != 1:
@@ -164,7 +183,7 @@ def _tool_call_turn(rest: str, think: str, report: str | None, errors: list[str]
         return ParsedTurn(TurnKind.MALFORMED, False, tuple(errors), think=think, report=report)
     if rest[:start].strip() or rest[end + len(CALL_CLOSE):].strip():
         errors.append("nothing may stand around <tool_call>...</tool_call>")
-    call = _parse_call_body(rest[start + len(CALL_OPEN):end], errors)
+    call = _parse_call_body(rest[start + len(CALL_OPEN):end], errors, max_call_chars)
     if call is None or errors:
         return ParsedTurn(TurnKind.MALFORMED, False, tuple(errors), think=think, report=report)
     name, arguments = call
@@ -172,14 +191,24 @@ def _tool_call_turn(rest: str, think: str, report: str | None, errors: list[str]
                       arguments=arguments)
 
 
-def _parse_call_body(raw: str, errors: list[str]) -> tuple[str, JsonObject] | None:
+def _parse_call_body(raw: str, errors: list[str], max_call_chars: int) -> tuple[str, JsonObject] | None:
     text = raw.strip()
+    if len(text) > max_call_chars:
+        errors.append(f"the tool call is {len(text)} characters long; at most {max_call_chars} are read")
+        return None
     try:
         value = json.loads(text)
+    except RecursionError:
+        errors.append(f"the tool call is nested too deeply (at most {MAX_ARGUMENT_DEPTH} levels)")
+        return None
     except ValueError:
+        if len(text) > JSON5_MAX_CHARS:
+            errors.append(f'the tool call is not valid JSON (a call over {JSON5_MAX_CHARS} characters '
+                          f'must be strict JSON): write {{"name": ..., "arguments": {{...}}}}')
+            return None
         try:
             value = json5.loads(text)
-        except (ValueError, RecursionError, TypeError):
+        except (ValueError, RecursionError, TypeError, OverflowError):
             errors.append('the tool call is not valid JSON: write {"name": ..., "arguments": {...}}')
             return None
     if not isinstance(value, dict):
@@ -192,7 +221,35 @@ def _parse_call_body(raw: str, errors: list[str]) -> tuple[str, JsonObject] | No
     if not isinstance(arguments, dict):
         errors.append('the tool call needs an object "arguments"')
         return None
+    problem = _argument_problem(value)
+    if problem:
+        errors.append(problem)
+        return None
     return name.strip(), arguments
+
+
+def _argument_problem(value: object) -> str | None:
+    """Why a parsed call cannot be run as it is (too deep, unencodable text), walked without
+    recursion so that no depth of nesting can raise."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return "the tool call holds a lone UTF-16 surrogate (an invalid \\ud800-\\udfff escape)"
+            continue
+        if isinstance(item, float) and not math.isfinite(item):
+            return "the tool call holds NaN or Infinity, which JSON does not allow"
+        children = list(item.items()) if isinstance(item, dict) else item if isinstance(item, list) else ()
+        if children and depth >= MAX_ARGUMENT_DEPTH:
+            return f"the tool call is nested too deeply (at most {MAX_ARGUMENT_DEPTH} levels)"
+        for child in children:
+            if isinstance(child, tuple):  # a dict entry: its key is text too
+                stack.append((child[0], depth))
+                stack.append((child[1], depth + 1))
+            else:
+                stack.append((child, depth + 1))
+    return None
 
 
 # ---- rendering ---------------------------------------------------------------------------------

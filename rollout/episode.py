@@ -11,8 +11,9 @@ answer now (ALGORITHMS.md §1).
 Per-turn cost does not grow with the episode: the context is one list extended in place, its length
 is a running count, and only new text (observation, one response) is ever tokenised or decoded.
 
-``run_episode`` never raises on what the policy writes or on an engine failure: every way an episode
-ends is a :class:`~rollout.trajectory.StopReason`, and the trajectory keeps the turns done so far.
+``run_episode`` never raises once the episode runs (only a ``resume`` state of another episode is
+refused up front): not on what the policy writes, an engine failure, or a bug anywhere below it. Every way an episode ends is a :class:`~rollout.trajectory.StopReason` (``error`` with
+``metadata["error"]`` for the unexpected), and the trajectory keeps the turns done so far.
 
 Checkpoints (:class:`Checkpointing`): every ``every`` turns the loop hands an :class:`EpisodeState`
 (the trajectory so far, the environment's and the context manager's state) to ``save``; an episode
@@ -30,7 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from envs.env import EnvConfig, EpisodeEnd, SearchBrowseEnv, StepResult
-from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind
+from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, without_surrogates
 from envs.tasks import Task
 from envs.tools.base import JsonObject
 from envs.tools.toolbox import Toolbox
@@ -77,12 +78,12 @@ class EpisodeConfig:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
-            raise ValueError("episode.max_new_tokens must be >= 1")
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
         if self.context_budget <= self.max_new_tokens:
-            raise ValueError(f"episode.context_budget ({self.context_budget}) must exceed "
-                             f"episode.max_new_tokens ({self.max_new_tokens}): raise the budget")
-        if self.timeout_s <= 0:
-            raise ValueError("episode.timeout_s must be > 0")
+            raise ValueError(f"context_budget={self.context_budget} must exceed max_new_tokens="
+                             f"{self.max_new_tokens}: raise the budget")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s={self.timeout_s} must be > 0")
 
     @property
     def max_turns(self) -> int:
@@ -152,23 +153,48 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
                             answers=list(task.answers), context_manager=context_manager.name,
                             policy=chat.name)
     if checkpointing is not None and checkpointing.resume is not None:
-        checkpointing.resume.check_for(task, uid, sample)
-    env = SearchBrowseEnv(task, toolbox,
-                          replace(config.env, expect_report=context_manager.expect_report))
-    episode = _Episode(trajectory, engine, chat, context_manager, config,
-                       affinity if affinity is not None else f"{uid}/{sample}", checkpointing)
+        checkpointing.resume.check_for(task, uid, sample)  # the caller's mistake: raises ValueError
+    started = time.monotonic()
+    env: SearchBrowseEnv | None = None
+    episode: _Episode | None = None
     deadline = asyncio.timeout(config.timeout_s)
     try:
+        env = SearchBrowseEnv(task, toolbox,
+                              replace(config.env, expect_report=context_manager.expect_report))
+        episode = _Episode(trajectory, engine, chat, context_manager, config,
+                           affinity if affinity is not None else f"{uid}/{sample}", checkpointing)
         async with deadline:
             await episode.run(env)
-    except TimeoutError:
-        if not deadline.expired():
-            raise
-        trajectory.stop_reason = StopReason.TIMEOUT
+    except TimeoutError as error:
+        if deadline.expired():
+            trajectory.stop_reason = StopReason.TIMEOUT
+        else:
+            _record_error(trajectory, error)
+    except Exception as error:  # noqa: BLE001 - whatever went wrong, it ends this episode only
+        _record_error(trajectory, error)
     finally:
-        await env.close()
-        trajectory.wall_s = episode.wall_s()
+        if env is not None:
+            await env.close()
+        trajectory.wall_s = episode.wall_s() if episode is not None else time.monotonic() - started
     return trajectory
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a trajectory's ``metadata["error"]``: the exception's type and first line (for an
+    error raised inside a Ray actor, the original one's, not Ray's wrapper with its traceback)."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        error = cause
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:1000]
+
+
+def _record_error(trajectory: Trajectory, error: Exception) -> None:
+    """End the episode as ``error``, keeping its turns and saying what failed."""
+    log.error("episode %s/%d failed after %d turns: %s", trajectory.uid, trajectory.sample,
+              len(trajectory.turns), describe_error(error), exc_info=error)
+    trajectory.stop_reason = StopReason.ERROR
+    trajectory.metadata["error"] = describe_error(error)
 
 
 class _Episode:
@@ -211,7 +237,7 @@ class _Episode:
             generation = await self._generate(min(self.config.max_new_tokens, room))
             if generation is None:
                 return
-            text = self.chat.response_text(generation.token_ids)
+            text = without_surrogates(self.chat.response_text(generation.token_ids))
             step = await env.step(text)
             turn = self._record(generation, text, step)
             if step.done:
@@ -263,7 +289,7 @@ class _Episode:
         try:
             generation = await self.engine.generate(self.ids, params, affinity=self.affinity)
         except Exception as error:  # noqa: BLE001 - any engine failure ends this episode only
-            self._fail(f"the engine failed on turn {self.turns}: {type(error).__name__}: {error}")
+            self._fail(f"the engine failed on turn {self.turns}: {describe_error(error)}")
             return None
         if generation.finish_reason == FINISH_ABORT:
             self._fail(f"the engine aborted turn {self.turns}")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from envs.answers import answer_matches
-from rollout.trajectory import Trajectory
+from rollout.trajectory import StopReason, Trajectory
 
 
 @dataclass
@@ -24,6 +24,13 @@ class RolloutSummary:
     wall_s: float
     stop_reasons: Counter[str] = field(default_factory=Counter)
     rerun: int = 0  # episodes started again after their worker died
+    errors: int = 0  # episodes that ended in engine_error or error (failed ones included)
+    first_error: str = ""  # what the first of them says (metadata["error"])
+
+    @property
+    def all_failed(self) -> bool:
+        """Nothing ran: every episode ended in an error (or none was written)."""
+        return self.errors == self.episodes
 
     @property
     def answer_rate(self) -> float:
@@ -48,12 +55,14 @@ class RolloutSummary:
             f"tool calls    {self.tool_calls}, {self.tool_errors} errors",
             f"throughput    {self.turns_per_s:.2f} turns/s over {self.wall_s:.1f} s",
             f"ended by      {reasons or '-'}",
+            *([f"first error   {self.first_error}"] if self.first_error else []),
         ])
 
 
 def summarize(trajectories: Sequence[Trajectory], wall_s: float, failed: int = 0,
               rerun: int = 0) -> RolloutSummary:
     turns = [turn for trajectory in trajectories for turn in trajectory.turns]
+    errors = [t for t in trajectories if t.stop_reason in (StopReason.ENGINE_ERROR, StopReason.ERROR)]
     return RolloutSummary(
         episodes=len(trajectories),
         failed=failed,
@@ -67,4 +76,6 @@ def summarize(trajectories: Sequence[Trajectory], wall_s: float, failed: int = 0
         wall_s=wall_s,
         stop_reasons=Counter(t.stop_reason.value for t in trajectories),
         rerun=rerun,
+        errors=len(errors),
+        first_error=str(errors[0].metadata.get("error", "")) if errors else "",
     )

@@ -39,6 +39,7 @@ class StopReason(enum.Enum):
     MAX_TOKENS = "max_tokens"  # a turn hit max_new_tokens on the forced-answer turn
     ENGINE_ERROR = "engine_error"  # the policy engine failed; the episode is incomplete
     TIMEOUT = "timeout"  # the episode's wall-clock limit passed
+    ERROR = "error"  # anything else failed (metadata["error"] says what); the episode is incomplete
 
 
 @dataclass

@@ -39,3 +39,44 @@ def test_episode_smoke_command() -> None:
 def test_episode_refuses_a_server_of_another_world() -> None:
     result = turnstile("episode", "--corpus-url", "http://127.0.0.1:1")
     assert result.returncode == 1 and "cannot reach the corpus server" in result.stdout
+
+
+BAD_TRAIN_VALUES = [
+    (["rollout.episode.max_new_tokens=-1"], "rollout.episode.max_new_tokens=-1 must be >= 1"),
+    (["rollout.group_size=0"], "rollout.group_size=0 must be >= 1"),
+    (["mode=async", "staleness=-1"], "staleness=-1 must be >= 0"),
+    (["steps=-1"], "steps=-1 must be >= 1"),
+    (["tasks_per_step=0"], "tasks_per_step=0 must be >= 1"),
+    (["mode=turbo"], "mode='turbo' is not one of sync, async"),
+    (["rollout.fleet.workers=0"], "rollout.fleet.workers=0 must be >= 1"),
+    (["rollout.episode.env.max_turns=0"], "rollout.episode.env.max_turns=0 must be >= 1"),
+    (["rollout.episode.context_budget=50", "rollout.episode.max_new_tokens=96"],
+     "rollout.episode.context_budget=50 must exceed max_new_tokens=96"),
+    (["mode=async", "rollout.group_size=64"], "rollout.group_size=64 must be <= rollout.fleet.workers"),
+    (["estimator.name=nope"], "estimator.name: unknown estimator 'nope'"),
+    (["estimator.options={beta: 1}"], "estimator 'grpo': unknown option 'beta'"),
+    (["rewards=[{kind: exact_match, options: {nope: 1}}]"], "reward 'exact_match': unknown option 'nope'"),
+    (["rollout.data.field_map={answer:answers}"], "YAML needs a space after ':'; write '{answer: answers}'"),
+    (["rollout.data.field_map={answer: answers"], "cannot be read"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_TRAIN_VALUES, ids=[" ".join(o) for o, _ in BAD_TRAIN_VALUES])
+def test_train_refuses_bad_values_before_anything_starts(tmp_path, capsys: pytest.CaptureFixture[str],  # noqa: ANN001
+                                                         overrides: list[str], message: str) -> None:
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", f"out={out}", *overrides])
+    printed = capsys.readouterr()
+    assert exit_info.value.code == 2
+    lines = [line for line in printed.out.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], printed.out
+    assert "Traceback" not in printed.out + printed.err
+    assert not out.exists()  # no banner, no config.yaml, no checkpoint
+
+
+def test_rollout_refuses_bad_values(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rollout", "--out", str(tmp_path / "r.jsonl"), "episode.max_new_tokens=-1"])
+    assert exit_info.value.code == 2
+    assert "episode.max_new_tokens=-1 must be >= 1" in capsys.readouterr().out

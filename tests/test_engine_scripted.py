@@ -137,3 +137,33 @@ async def test_score_and_weights(chat: ChatFormat, tasks: list[Task], sampling: 
     assert generation.weights_version == 4
     await engine.aclose()
     await engine.aclose()
+
+
+def test_check_tasks_refuses_questions_outside_the_world(tasks: list[Task]) -> None:
+    from rollout.engines.registry import check_engine_tasks
+
+    config = EngineConfig(kind="scripted")
+    check_engine_tasks(config, [t.question for t in tasks[:5]])  # its own world: served
+    with pytest.raises(ValueError, match=r"cannot answer 1 of 2 tasks .*'Which band released Abbey Road\?'"
+                                         r".*use rollout data.kind=synthetic"):
+        check_engine_tasks(config, [tasks[0].question, "Which band released Abbey Road?"])
+    check_engine_tasks(EngineConfig(kind="hf"), ["Which band released Abbey Road?"])  # a model: anything
+
+
+def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Path) -> None:
+    from cluster.rollout import check_servable
+    from envs.corpus_server import PAGE_PREFIX
+    from envs.datasets.registry import DatasetConfig, load_tasks
+    from rollout.workers import CorpusConfig
+
+    corpus = CorpusConfig(kind="synthetic", base_url="http://127.0.0.1:9")
+    prefix = corpus.base_url + PAGE_PREFIX
+    synthetic = load_tasks(DatasetConfig(kind="synthetic", path="", limit=3, url_prefix=prefix))
+    check_servable(synthetic, corpus, EngineConfig(kind="hf"))
+    hotpot = load_tasks(DatasetConfig(kind="hotpotqa", path=str(shared_data / "multihop/hotpotqa_dev500.jsonl"),
+                                      limit=3, url_prefix=prefix))
+    with pytest.raises(ValueError, match=r"3 of 3 tasks have clue pages the corpus \(corpus.kind=synthetic\) "
+                                         r"does not serve"):
+        check_servable(hotpot, corpus, EngineConfig(kind="hf"))
+    with pytest.raises(ValueError, match="engine.kind=scripted"):
+        check_servable(hotpot, CorpusConfig(kind="none"), EngineConfig(kind="scripted"))

@@ -161,3 +161,50 @@ def test_generated_turns_never_raise(turns: list[str]) -> None:
         await env.close()
 
     asyncio.run(episode())
+
+
+# ---- hostile output against the real tools (the search index, the cache) -------------------------
+
+HOSTILE_CALLS = [
+    '{"name": "search", "arguments": {"query": "\\ud800"}}',  # escaped lone surrogate
+    '{"name": "search", "arguments": {"query": ["a\\u0000b", "\\u0000"]}}',  # NUL
+    '{"name": "search", "arguments": {"query": ' + "[" * 1000 + "]" * 1000 + "}}",
+    "[" * 100_000,
+    "{'name': 'search', 'arguments': {'query': '" + "q" * 1_000_000 + "'}}",  # 1 MB only json5 reads
+    '{"name": "visit", "arguments": {"url": "http://\\ud800.example/", "goal": "\\udfff"}}',
+    '{"name": "search", "arguments": {"query": "' + "\\u00e9" * 5000 + '"}}',
+]
+
+
+@pytest.mark.parametrize("body", HOSTILE_CALLS, ids=range(len(HOSTILE_CALLS)))
+def test_hostile_calls_get_an_observation_from_the_real_tools(toolbox, body: str) -> None:  # noqa: ANN001
+    async def episode() -> None:
+        env = SearchBrowseEnv(TASK, toolbox, EnvConfig(max_turns=4))
+        await env.reset()
+        result = await env.step(f"<think>t</think>\n<tool_call>\n{body}\n</tool_call>")
+        assert not result.done and result.observation.startswith("<tool_response>")
+        result.observation.encode("utf-8")
+        if not result.info.format_ok:
+            assert "could not be executed" in result.observation
+        following = await env.step(render_tool_call("search", {"query": ["Ada"]}, "again"))
+        assert following.info.format_ok and following.info.tool == "search"
+
+    asyncio.run(episode())
+
+
+def test_cache_key_of_unencodable_arguments_is_stable() -> None:
+    from envs.tools.cache import cache_key
+
+    assert cache_key("search", {"query": "\ud800"}) == cache_key("search", {"query": "\ud800"})
+    assert cache_key("search", {"query": "\ud800"}) != cache_key("search", {"query": "\udfff"})
+
+
+def test_tool_call_size_limit_is_a_setting() -> None:
+    async def episode() -> str:
+        env = make_env(EnvConfig(max_tool_call_chars=64))
+        await env.reset()
+        return (await env.step(call(text="x" * 100))).observation
+
+    assert "at most 64" in asyncio.run(episode())
+    with pytest.raises(ValueError, match="max_tool_call_chars=10 must be >= 64"):
+        EnvConfig(max_tool_call_chars=10)

@@ -314,3 +314,26 @@ async def test_real_tools_mono_and_iter_research(chat: ChatFormat, tmp_path: Pat
     save_trajectories([*mono, iterative], tmp_path / "real.jsonl")
     loaded = load_trajectories(tmp_path / "real.jsonl")
     assert [t.to_json() for t in loaded] == [t.to_json() for t in [*mono, iterative]]
+
+
+async def test_any_failure_ends_the_episode_as_error_not_a_raise(chat: ChatFormat, tasks: list[Task],
+                                                                 toolbox: Toolbox, expert: ScriptedEngine,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollout.context import Mono
+
+    calls = {"n": 0}
+    real = Mono.next_context
+
+    def flaky(self, exchange):  # noqa: ANN001, ANN202
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyError("a bug three turns in")
+        return real(self, exchange)
+
+    monkeypatch.setattr(Mono, "next_context", flaky)
+    trajectory = await episode(chain(tasks), expert, toolbox, chat, sample=7)
+    assert trajectory.stop_reason is StopReason.ERROR
+    assert trajectory.metadata["error"] == "KeyError: 'a bug three turns in'"
+    assert len(trajectory.turns) == 3 and trajectory.wall_s > 0
+    with_error = Trajectory.from_json(trajectory.to_json())  # it is written like any other
+    assert with_error.stop_reason is StopReason.ERROR

@@ -107,3 +107,37 @@ def test_other_context_managers_roll_out(ray_local: None, tmp_path: Path, kind: 
         assert all(len(t.segments) == len(t.turns) for t in trajectories)
     else:
         assert all(1 <= len(t.segments) <= 3 for t in trajectories)
+
+
+def test_hostile_turns_do_not_end_the_run(ray_local: None, tmp_path: Path) -> None:
+    from tests.hostile import HOSTILE_TURNS
+
+    cfg = load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml",
+                      ["data.limit=3", "group_size=2", "fleet.workers=1", "engine.kind=tests.hostile:HostileEngine",
+                       "episode.max_new_tokens=4096"])
+    out = tmp_path / "hostile.jsonl"
+    summary = run_rollout(cfg, out, progress=False)
+    tasks = {t.uid for t in load_trajectories(out)}
+    trajectories = check_file(out, {(uid, g) for uid in tasks for g in range(2)})
+    assert len(tasks) == 3 and summary.episodes == 6 and summary.errors == 0
+    hostile = [t.turns[1] for t in trajectories if t.sample == 0]
+    assert sorted(turn.response_text for turn in hostile) == sorted(HOSTILE_TURNS)
+    assert all(not turn.format_ok and turn.tool_ok is None for turn in hostile)
+    assert {e.split(" (")[0] for turn in hostile for e in turn.format_errors} >= {
+        "the tool call is nested too deeply", "the tool call holds a lone UTF-16 surrogate"}
+    assert all(len(t.turns) > 2 for t in trajectories if t.sample == 0)  # the episodes went on
+
+
+def test_a_run_where_every_episode_fails_exits_nonzero(ray_local: None, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from cluster.commands import rollout as command
+
+    args = argparse.Namespace(config=str(EXAMPLES / "rollout_scripted.yaml"), out=str(tmp_path / "f.jsonl"),
+                              no_progress=True, overrides=["data.limit=2", "engine.kind=tests.hostile:FailingEngine"])
+    assert command.run(args) == 1
+    printed = capsys.readouterr().out
+    assert "every episode failed; the first said: the engine failed on turn 0: RuntimeError: this engine " \
+           "serves nothing" in printed
+    assert len(load_trajectories(tmp_path / "f.jsonl")) == 4  # each recorded with its error

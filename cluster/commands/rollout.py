@@ -45,4 +45,7 @@ def run(args: argparse.Namespace) -> int:
     out.with_suffix(".config.yaml").write_text(dump_config(cfg))
     print(summary.render())
     print(f"trajectories: {out}")
+    if summary.all_failed:
+        print(f"turnstile rollout: every episode failed; the first said: {summary.first_error or '?'}")
+        return 1
     return 0 if summary.failed == 0 else 3

@@ -45,7 +45,8 @@ class CacheStats:
 def cache_key(tool: str, arguments: JsonObject) -> str:
     """Stable key for a call: tool name + canonical JSON of the normalised arguments."""
     canonical = json.dumps(arguments, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return f"{tool}:{hashlib.sha256(canonical.encode()).hexdigest()}"
+    # surrogatepass: a lone surrogate in an argument still gives a stable key instead of raising
+    return f"{tool}:{hashlib.sha256(canonical.encode('utf-8', 'surrogatepass')).hexdigest()}"
 
 
 class ToolCache(Protocol):

@@ -107,13 +107,13 @@ class Toolbox:
                             f"There is no tool named '{name}'. Available tools: {available}.", 0)
         try:
             normalised = tool.normalize(arguments)
+            key = cache_key(name, normalised)
         except ToolError as error:
             return _failure(name, error.kind, error.message, 0)
         except Exception as error:  # noqa: BLE001 - a tool bug must still not escape
             log.exception("tool %s: normalize raised", name)
             return _failure(name, "internal", f"the arguments could not be read ({error})", 0)
 
-        key = cache_key(name, normalised)
         cached = await self.cache.get(key)
         if cached is not None:
             return ToolOutcome(name, cached, True, None, 0, True)

@@ -10,6 +10,7 @@ class builds itself with ``Class.from_config(config)``; imports happen only when
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from importlib.metadata import entry_points
 from typing import Protocol
 
@@ -20,6 +21,10 @@ ENTRY_POINT_GROUP = "turnstile.engines"
 
 
 class EngineClass(Protocol):
+    """How an engine is built. An engine class may also define ``check_tasks(config, questions)``,
+    raising ValueError when it cannot serve some of them (a scripted policy's unknown questions);
+    drivers call it through :func:`check_engine_tasks` before starting any actor."""
+
     @classmethod
     def from_config(cls, config: EngineConfig) -> PolicyEngine: ...
 
@@ -41,6 +46,13 @@ def resolve_engine(kind: str) -> EngineClass:
             return entry.load()
     raise ValueError(f"engine.kind={kind!r} is not known; use one of {', '.join(engine_names())} or "
                      "'package.module:Class' (if you just added an engine, reinstall: pip install -e .)")
+
+
+def check_engine_tasks(config: EngineConfig, questions: Sequence[str]) -> None:
+    """Raise ValueError when the configured engine says it cannot serve these questions."""
+    check = getattr(resolve_engine(config.kind), "check_tasks", None)
+    if check is not None:
+        check(config, questions)
 
 
 def build_engine(config: EngineConfig) -> PolicyEngine:

@@ -116,6 +116,26 @@ class ScriptedEngine:
             return cls(chat, recordings=load_trajectories(scripted.replay_path))
         raise ValueError(f"engine.scripted.mode={scripted.mode!r}: use 'expert' or 'replay'")
 
+    @classmethod
+    def check_tasks(cls, config: EngineConfig, questions: Sequence[str]) -> None:
+        """Refuse, before any actor starts, questions this engine has no script for: the expert
+        knows only the synthetic world of ``scripted.world_seed``, a replay only its recordings."""
+        scripted = config.scripted
+        if scripted.mode == "expert":
+            world = generate_world(WorldConfig(seed=scripted.world_seed, entities=scripted.world_entities))
+            known = {task.question.strip() for task in generate_tasks(world, QuestionConfig())}
+            what = (f"the synthetic world's questions (engine.scripted.world_seed={scripted.world_seed}); "
+                    f"use rollout data.kind=synthetic, or a model engine (vllm, hf)")
+        elif scripted.mode == "replay" and scripted.replay_path:
+            known = {t.question.strip() for t in load_trajectories(scripted.replay_path)}
+            what = f"the questions recorded in {scripted.replay_path}"
+        else:
+            return  # from_config says what is wrong with the mode
+        unknown = [q for q in questions if first_paragraph(q) not in known and q.strip() not in known]
+        if unknown:
+            raise ValueError(f"engine.kind=scripted (mode={scripted.mode}) cannot answer {len(unknown)} of "
+                             f"{len(questions)} tasks (first: {unknown[0][:80]!r}): it answers only {what}")
+
     # ---- PolicyEngine ------------------------------------------------------------------------
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,

@@ -1,0 +1,55 @@
+"""A policy engine that writes hostile turns, for run-level tests (loaded in the engine actor as
+``engine.kind=tests.hostile:HostileEngine``).
+
+It is the scripted expert, except that the second turn of every sample-0 episode is one of
+:data:`HOSTILE_TURNS` (a tool call nested 1,200 deep, an escaped lone surrogate, a 100,000-character
+unclosed call); the expert then carries on from the corrective observation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
+from rollout.engines.config import EngineConfig
+from rollout.engines.scripted import ScriptedEngine
+
+
+def _call(body: str) -> str:
+    return f"<think>\nlet me try this\n</think>\n<tool_call>\n{body}\n</tool_call>"
+
+
+HOSTILE_TURNS = (
+    _call('{"name": "search", "arguments": {"query": ' + "[" * 1200 + "]" * 1200 + "}}"),
+    _call('{"name": "search", "arguments": {"query": "\\ud800 capital"}}'),
+    _call("[" * 100_000),
+)
+
+
+class HostileEngine(ScriptedEngine):
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> HostileEngine:
+        engine = super().from_config(config)
+        engine.__class__ = cls
+        engine._turns_seen = {}
+        engine._hostile_sent = 0
+        return engine  # type: ignore[return-value]
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                       affinity: str | None = None) -> Generation:
+        seen = self._turns_seen.get(affinity, 0)
+        self._turns_seen[affinity] = seen + 1
+        if seen == 1 and affinity is not None and affinity.endswith("/0"):
+            text = HOSTILE_TURNS[self._hostile_sent % len(HOSTILE_TURNS)]
+            self._hostile_sent += 1
+            ids = [*self.chat.encode(text), self.chat.turn_end_id]
+            return Generation(tuple(ids), (0.0,) * len(ids), FINISH_STOP, self._version)
+        return await super().generate(prompt_ids, sampling, affinity)
+
+
+class FailingEngine(ScriptedEngine):
+    """Fails every request, as an engine that cannot serve would."""
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                       affinity: str | None = None) -> Generation:
+        raise RuntimeError("this engine serves nothing (tests.hostile:FailingEngine)")
