@@ -7,14 +7,24 @@ what to do (an unknown key is always an error: a typo must not silently fall bac
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from omegaconf import OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from rollout.store.base import without_password
 
 T = TypeVar("T")
+_NAMES_A_FIELD = re.compile(r"[A-Za-z_]\w*=")
 
 
 class ConfigError(ValueError):
@@ -38,9 +48,13 @@ def load_config(schema: type[T], path: str | Path | None = None,
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (example: env.max_turns=50)")
         try:
-            layers.append((f"override {item!r}", OmegaConf.from_dotlist([item])))
-        except OmegaConfBaseException as error:
-            raise ConfigError(f"override {item!r}: {error}") from error
+            layer = OmegaConf.from_dotlist([item])
+        except Exception as error:  # noqa: BLE001 - OmegaConf and yaml raise several types
+            reason = str(error).strip().splitlines()[0]
+            raise ConfigError(f"override {item!r} cannot be read ({reason}); write key=value, and "
+                              f"quote the whole override when the value holds spaces") from None
+        _refuse_glued_colons(layer, item)
+        layers.append((f"override {item!r}", layer))
     merged = base
     for source, layer in layers:
         try:
@@ -51,13 +65,70 @@ def load_config(schema: type[T], path: str | Path | None = None,
                               f"are the fields of {schema.__name__}.") from None
         except ValidationError as error:
             key = _full_key(error)
-            raise ConfigError(f"{source}: bad value for '{key}': {error.msg}") from None
-    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+            reason = str(error.msg).strip().splitlines()[0]
+            raise ConfigError(f"{source}: bad value for '{key}': {reason}") from None
+    return _to_object(merged)
+
+
+def _refuse_glued_colons(node: object, item: str) -> None:
+    """``key={a:b}`` is YAML for the key "a:b" with no value (YAML wants a space after ':');
+    say so instead of letting it fail later as an odd key or a missing value."""
+    if isinstance(node, DictConfig):
+        for key in node:
+            value = node._get_node(key)._value()  # noqa: SLF001 - the raw value, no interpolation
+            if isinstance(key, str) and ":" in key and value is None:
+                name, _, rest = key.partition(":")
+                raise ConfigError(f"override {item!r}: '{{{key}}}' is read as the key {key!r} with no "
+                                  f"value, because YAML needs a space after ':'; write "
+                                  f"'{{{name}: {rest}}}' (quote the whole override)")
+            _refuse_glued_colons(node[key], item)
+    elif isinstance(node, ListConfig):
+        for child in node:
+            _refuse_glued_colons(child, item)
+
+
+def _to_object(merged: DictConfig) -> T:  # type: ignore[type-var]
+    """Instantiate the dataclasses; a value their ``__post_init__`` refuses becomes a ConfigError
+    that names the section it sits in (found by instantiating the sections one by one)."""
+    try:
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except MissingMandatoryValue as error:
+        raise ConfigError(f"'{_full_key(error)}' has no value; set it in the YAML or as "
+                          f"{_full_key(error)}=...") from None
+    except (ValueError, TypeError) as error:
+        section, message = _failing_section(merged, ""), str(error)
+        if section:  # "max_turns=0 must be >= 1" in rollout.episode.env reads rollout.episode.env.max_turns=0
+            message = f"{section}.{message}" if _NAMES_A_FIELD.match(message) else f"{section}: {message}"
+        raise ConfigError(message) from None
+
+
+def _failing_section(node: DictConfig | ListConfig, path: str) -> str:
+    """The deepest dataclass section under ``node`` whose own values are refused."""
+    items = enumerate(node) if isinstance(node, ListConfig) else ((key, node[key]) for key in node)
+    for key, child in items:
+        if not isinstance(child, (DictConfig, ListConfig)):
+            continue
+        where = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}.{key}" if path else str(key)
+        try:
+            OmegaConf.to_object(child)
+        except (ValueError, TypeError):
+            return _failing_section(child, where)
+    return path
 
 
 def dump_config(config: object) -> str:
-    """The config as YAML, for logs and checkpoints."""
-    return OmegaConf.to_yaml(OmegaConf.structured(config))
+    """The config as YAML, for logs and checkpoints. A password in any URL is masked
+    (``redis://:***@host``): a written config holds no secret (``resume`` reads the user's YAML
+    again, never this copy)."""
+    return OmegaConf.to_yaml(_masked(OmegaConf.to_container(OmegaConf.structured(config), enum_to_str=True)))
+
+
+def _masked(node: object) -> object:
+    if isinstance(node, dict):
+        return {key: _masked(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_masked(value) for value in node]
+    return without_password(node) if isinstance(node, str) else node
 
 
 def _full_key(error: OmegaConfBaseException) -> str:

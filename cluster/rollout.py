@@ -33,6 +33,7 @@ from rollout.engines.registry import check_engine_tasks
 from rollout.episode import EpisodeConfig, describe_error
 from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
+from rollout.store import StoreDataLostError
 from rollout.summary import RolloutSummary, summarize
 from rollout.trajectory import StopReason, Trajectory, write_trajectory
 from rollout.workers import CorpusConfig, WorkerSpec, corpus_documents, start_workers
@@ -228,6 +229,8 @@ def collect(workers: list[ray.actor.ActorHandle], episodes: list[tuple[Task, str
                     bar.update(1)
                 continue
             except Exception as error:  # noqa: BLE001 - one episode's failure must not end the run
+                if isinstance(getattr(error, "cause", None), StoreDataLostError):
+                    raise error.cause from None  # the store lost the run's data: stop with its message
                 log.error("episode %s/%d failed: %s", episode[1], episode[2], describe_error(error))
                 failed += 1
                 trajectory = failed_trajectory(episode, describe_error(error))

@@ -22,7 +22,7 @@ from pathlib import Path
 import ray
 
 from cluster.metrics import MetricsConfig, MetricsSink, step_metrics
-from cluster.rollout import RayConfig, RolloutConfig, collect, init_ray, serve_corpus
+from cluster.rollout import RayConfig, RolloutConfig, check_servable, collect, init_ray, serve_corpus
 from cluster.score import EstimatorEntry, RewardEntry, find_tasks, run_plugins
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
@@ -34,12 +34,12 @@ from learner.credit.rollout import assign_credit
 from learner.publish import WeightsArchive, publish
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
-from rewards.base import RewardSpec, build_reward, parse_options
+from rewards.base import RewardSpec, build_reward, parse_options, resolve_reward
 from rewards.service import RewardServiceConfig
 from rollout.episode import EpisodeConfig
 from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
-from rollout.store import StoreConfig, build_store
+from rollout.store import StoreConfig, build_store, check_durability
 from rollout.trajectory import Trajectory, save_trajectories
 from rollout.workers import WorkerSpec, start_workers
 
@@ -80,6 +80,22 @@ class TrainJob:
     store: StoreConfig = field(default_factory=StoreConfig)  # async: memory (default) or redis
     reward_service: RewardServiceConfig = field(default_factory=lambda: RewardServiceConfig(workers=1))  # tensorboard_dir "" = out/tensorboard
 
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+        for name in ("steps", "tasks_per_step"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("staleness", "eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        fleet = self.rollout.fleet
+        capacity = fleet.workers * fleet.episodes_per_worker
+        if self.mode == "async" and self.rollout.group_size > capacity:
+            raise ValueError(f"rollout.group_size={self.rollout.group_size} must be <= rollout.fleet.workers x "
+                             f"rollout.fleet.episodes_per_worker ({capacity}): async starts a group "
+                             f"only when all its samples can run")
+
 
 @dataclass
 class RunState:
@@ -96,11 +112,16 @@ class TrainError(ValueError):
 
 
 def check(job: TrainJob) -> None:
-    if job.mode not in MODES:
-        raise TrainError(f"mode={job.mode!r} is not one of {', '.join(MODES)}")
-    if job.steps < 1 or job.tasks_per_step < 1:
-        raise TrainError("steps and tasks_per_step must be at least 1")
-    estimator_class(job.estimator.name)
+    """What the config's own types cannot check (the plugins' options, the store's server), before
+    anything starts."""
+    try:
+        estimator = estimator_class(job.estimator.name)
+    except KeyError as error:
+        raise TrainError(f"estimator.name: {error.args[0]}") from None
+    parse_options(estimator.Options, job.estimator.options, f"estimator {job.estimator.name!r}")
+    for entry in job.rewards:
+        parse_options(resolve_reward(entry.kind).config_type, dict(entry.options), f"reward {entry.kind!r}")
+    check_durability(job.store)  # a Redis that would lose acknowledged items (StoreError)
 
 
 def step_tasks(tasks: list[Task], step: int, per_step: int) -> list[Task]:
@@ -124,6 +145,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
         if not tasks:
             raise TrainError("rollout.data gave no tasks: check rollout.data.kind/path/limit")
         eval_tasks = load_tasks(replace(job.eval_data, url_prefix=job.eval_data.url_prefix or prefix))
+        check_servable([*tasks, *eval_tasks], corpus, job.rollout.engine)
         name = job.name or f"turnstile-{uuid.uuid4().hex[:8]}"
         engines = start_engines(replace(job.rollout.engine, model=model), job.rollout.fleet.engine_replicas,
                                 job.rollout.fleet.engine_cpus, job.rollout.fleet.engine_gpus,
@@ -175,6 +197,7 @@ class Run:
         self.estimator, self.sink, self.progress = estimator, sink, progress
         self.state = RunState()
         self.rerun = 0
+        self.failed = 0  # episodes recorded as failed (stop reason error): their worker died too often
         self.name = name  # the prefix of the run's actor names
         self.store = store or self.job.store  # this driver's namespace in the store
         self.archive: WeightsArchive | None = None
@@ -199,10 +222,10 @@ class Run:
                                                   self.out / "rollouts" / f"step{state.step}.jsonl",
                                                   self.progress)
             self.rerun += rerun
+            self.failed += failed
             rolled = time.monotonic()
             asyncio.run(_score(job, self.reward_specs(), trajectories))
-            self.learn(trajectories, rolled - started, extra={"rollout/failed": float(failed),
-                                                              "time/rollout_s": rolled - started})
+            self.learn(trajectories, rolled - started, extra={"time/rollout_s": rolled - started})
 
     def learn(self, trajectories: list[Trajectory], wall_s: float,
               extra: dict[str, float] | None = None) -> None:
@@ -240,7 +263,8 @@ class Run:
                                timings={"credit": scored - started, "learner": trained - scored,
                                         "publish": published - trained},
                                dropped=stale)
-        metrics.update({"rollout/rerun": float(self.rerun), "staleness/dropped_total": float(state.dropped_stale),
+        metrics.update({"rollout/rerun": float(self.rerun), "rollout/failed": float(self.failed),
+                        "staleness/dropped_total": float(state.dropped_stale),
                         "rollout/empty": float(len(empty)),
                         "weights/version": float(state.weights_version), **(extra or {})})
         if job.eval_every and state.step % job.eval_every == 0:

@@ -10,12 +10,17 @@ protocol (§1) and what cannot be trusted is dropped, each step counted::
         --judge-model qwen3-32b
     turnstile data clean --in raw.jsonl --out sft.jsonl --no-require-correct --resample 50:1,inf:3
 
-Input: one JSON object per line with ``messages`` (``[{role, content}]``: system prompt, the user
+Input: one JSON object per line in one of the formats of ``learner/sft_formats.py``, recognised per
+row by its fields or forced with ``--format``; each becomes a chat before step 1. ``chat`` rows
+(WebDancer, WebSailor, DR-Venus) hold ``messages`` (``[{role, content}]``: system prompt, the user
 question, then assistant turns, each followed by its tool response as a user ``<tool_response>``
 message; role ``tool`` is accepted) and ``answer`` (the reference: a string or a list of
-alternatives; nested lists are flattened). A question embedded in a prompt that also carries the tool
-list (WebDancer's ``... </tools> ... User: question``) is cut out of it. The row's own tool schemas
-(``functions``, ``<tools>`` blocks) are only read to count where they disagree with the calls.
+alternatives; nested lists are flattened). ``r1_searcher`` rows (R1-Searcher's rollouts) hold
+``question``, ``answer`` and ``gen_text_store``, whose ``<|begin_of_query|>`` searches and
+``<|begin_of_documents|>`` results become search calls and tool responses. A question embedded in a
+prompt that also carries the tool list (WebDancer's ``... </tools> ... User: question``) is cut out
+of it. The row's own tool schemas (``functions``, ``<tools>`` blocks) are only read to count where
+they disagree with the calls. A file without one readable row is an error (:class:`NoReadableRows`).
 
 Output: one training row per line, ``{"messages", "answer", "source_line", "turns"}``, where
 ``messages`` is the chat the policy's chat template tokenises (this project's system prompt, the
@@ -61,6 +66,7 @@ from envs.tools.base import JsonObject, JsonValue, Tool, ToolError
 from envs.tools.toolbox import Toolbox
 from envs.visit.tool import VisitTool
 from learner.credit.records import write_records
+from learner.sft_formats import AUTO, CHAT, check_format_name, known_formats, row_format
 from rewards.judge import ChatClient, ChatClientConfig
 from rewards.outcome import judge_messages, parse_verdict
 
@@ -113,8 +119,10 @@ class CleanConfig:
     judge: ChatClientConfig | None = None  # None: no LLM judge, exact match only
     resample: tuple[ResampleTier, ...] = DEFAULT_RESAMPLE
     max_queries: int = SearchConfig.max_queries  # the search tool refuses more, so they cannot be learnt
+    input_format: str = AUTO  # a format of learner/sft_formats.py, or auto: recognised per row
 
     def __post_init__(self) -> None:
+        check_format_name(self.input_format)
         unknown = sorted(set(self.allowed_tools) - set(KNOWN_TOOLS))
         if unknown or not self.allowed_tools:
             raise ValueError(f"allowed tools must be among {', '.join(KNOWN_TOOLS)} (the tools the "
@@ -154,7 +162,8 @@ def copies_for(turns: int, tiers: Sequence[ResampleTier]) -> int:
 @dataclass(frozen=True)
 class RawRow:
     line: int
-    fields: JsonObject  # the input object; ``messages`` checked to be [{role: str, content: str}]
+    fields: JsonObject  # the input object; ``messages`` (the row's chat) [{role: str, content: str}]
+    input_format: str = CHAT.name  # the format the row was read in (its chat is in ``messages``)
 
 
 @dataclass(frozen=True)
@@ -217,33 +226,38 @@ class CleanReport:
     unreadable: list[str]  # "file:line: reason"
     steps: list[StepCount]
     written: int
+    formats: Counter[str] = field(default_factory=Counter)  # readable rows per input format
+
+
+class NoReadableRows(ValueError):
+    """Not one line of the input is a row of a known format; nothing is written."""
 
 
 # ---- reading ------------------------------------------------------------------------------------
 
-def read_rows(path: Path) -> Iterator[RawRow | Unreadable]:
-    """Every non-blank line of ``path``; a line that is not a usable row becomes :class:`Unreadable`."""
+def read_rows(path: Path, input_format: str = AUTO) -> Iterator[RawRow | Unreadable]:
+    """Every non-blank line of ``path`` as a row with its chat in ``messages``; a line that is not a
+    usable row of ``input_format`` (``auto``: of the format its fields mark) becomes :class:`Unreadable`."""
     with path.open("rb") as file:
         for number, raw in enumerate(file, start=1):
             if raw.strip():
-                yield _row(number, raw)
+                yield _row(number, raw, input_format)
 
 
-def _row(line: int, raw: bytes) -> RawRow | Unreadable:
+def _row(line: int, raw: bytes, input_format: str) -> RawRow | Unreadable:
     try:
         value = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
         return Unreadable(line, f"not JSON ({error})")
     if not isinstance(value, dict):
         return Unreadable(line, "not a JSON object")
-    messages = value.get("messages")
-    if messages is None:
-        return Unreadable(line, "no 'messages' field")
-    if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in messages):
-        return Unreadable(line, "'messages' must be a list of {\"role\": str, \"content\": str}")
-    return RawRow(line, value)
+    fmt = row_format(value, input_format)
+    if isinstance(fmt, str):
+        return Unreadable(line, fmt)
+    chat = fmt.chat(value)
+    if isinstance(chat, str):
+        return Unreadable(line, chat if input_format == AUTO else f"{chat} (read as {fmt.name})")
+    return RawRow(line, {**value, "messages": list[JsonValue](chat)}, fmt.name)
 
 
 def reference_answers(value: JsonValue) -> tuple[str, ...]:
@@ -695,14 +709,16 @@ def clean_file(source: Path, target: Path, config: CleanConfig,
     tools = tool_set(config)
     unreadable: list[str] = []
     survivors: list[ChatTrajectory] = []
+    formats: Counter[str] = Counter()
     rows_read = 0
-    for item in read_rows(source):
+    for item in read_rows(source, config.input_format):
         rows_read += 1
         if progress is not None and rows_read % PROGRESS_EVERY == 0:
             progress(f"{rows_read} rows read")
         if isinstance(item, Unreadable):
             unreadable.append(f"{source}:{item.line}: {item.reason}")
             continue
+        formats[item.input_format] += 1
         result: ChatTrajectory | Dropped = align(item, align_step.events)
         align_step.record(result)
         if isinstance(result, Dropped):
@@ -715,6 +731,8 @@ def clean_file(source: Path, target: Path, config: CleanConfig,
         structure_step.record(result)
         if not isinstance(result, Dropped):
             survivors.append(result)
+    if not formats:
+        raise no_readable_rows(source, rows_read, unreadable, config.input_format)
     if progress is not None and config.judge is not None:
         progress(f"judging the answers of {len(survivors)} rows")
     verdicts = asyncio.run(_judged(survivors, config))
@@ -722,4 +740,13 @@ def clean_file(source: Path, target: Path, config: CleanConfig,
     schemas = Toolbox(list(tools.values())).schemas()
     rows = (training_row(row, schemas) for row in accepted)
     write_records(target, resample(rows, config.resample, resample_step))
-    return CleanReport(source, rows_read, unreadable, steps, resample_step.rows_out)
+    return CleanReport(source, rows_read, unreadable, steps, resample_step.rows_out, formats)
+
+
+def no_readable_rows(source: Path, rows_read: int, unreadable: Sequence[str],
+                     input_format: str) -> NoReadableRows:
+    """The error for an input in which no line is a row: what was found, and the formats known."""
+    found = (f"no readable row among its {rows_read} lines (first: {unreadable[0]})" if unreadable
+             else "no readable row: the file holds no rows")
+    hint = "" if input_format == AUTO else f"; it was read as {input_format} (--format auto recognises rows)"
+    return NoReadableRows(f"{source}: {found}; known formats: {known_formats()}{hint}")

@@ -50,6 +50,7 @@ from rollout.engines.base import (
     PolicyEngine,
     SamplingParams,
 )
+from rollout.store.base import StoreDataLostError
 from rollout.trajectory import Segment, StopReason, Trajectory, TrajectoryError, Turn
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,9 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
             trajectory.stop_reason = StopReason.TIMEOUT
         else:
             _record_error(trajectory, error)
-    except Exception as error:  # noqa: BLE001 - whatever went wrong, it ends this episode only
+    except StoreDataLostError:
+        raise  # the store lost the run's data: the driver stops the run
+    except Exception as error:  # noqa: BLE001 - whatever else went wrong, it ends this episode only
         _record_error(trajectory, error)
     finally:
         if env is not None:
@@ -273,6 +276,8 @@ class _Episode:
         state = EpisodeState(self.trajectory, env.snapshot(), self.context.snapshot(), self.overflowed)
         try:
             await save(state)
+        except StoreDataLostError:
+            raise  # not this episode's problem: the whole run stops
         except Exception as error:  # noqa: BLE001 - a lost checkpoint costs a restart, not the episode
             failures = self.trajectory.metadata.get("checkpoint_failures", 0)
             self.trajectory.metadata["checkpoint_failures"] = int(failures) + 1  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ from rollout.chat import ChatFormat
 from rollout.context import ContextConfig, build_context_manager
 from rollout.episode import Checkpointing, EpisodeConfig, EpisodeState, run_episode
 from rollout.fleet import EngineRouter
-from rollout.store import StoreError, TrajectoryStore
+from rollout.store import StoreDataLostError, StoreError, TrajectoryStore
 from rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,8 @@ class RolloutWorker:
         note, resume = "", None
         try:
             record = await store.load_checkpoint(key)
+        except StoreDataLostError:
+            raise  # the run must stop, not go on over an empty store
         except StoreError as error:
             log.warning("episode %s/%d: cannot read its checkpoint (%s); starting it afresh", uid, sample, error)
             record = None
@@ -155,6 +157,8 @@ class RolloutWorker:
     async def _drop(self, key: str) -> None:
         try:
             await self.spec.store.drop_checkpoint(key)  # type: ignore[union-attr]
+        except StoreDataLostError:
+            raise  # the run must stop, not go on over an empty store
         except StoreError as error:
             log.warning("cannot drop checkpoint %s (%s); it is overwritten if the episode runs again",
                         key, error)

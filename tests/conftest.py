@@ -44,8 +44,8 @@ def redis_url() -> Iterator[str]:
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="turnstile-redis-")
     proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", workdir],
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+         "--appendfsync", "everysec", "--dir", workdir],  # durable, as turnstile train requires
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 10

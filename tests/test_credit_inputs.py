@@ -11,7 +11,7 @@ from typing import Protocol
 import pytest
 
 from cluster.commands import credit as credit_command
-from learner.credit import build_estimator, estimator_class, group_by_uid, read_trajectories
+from learner.credit import ESTIMATORS, build_estimator, estimator_class, group_by_uid, read_trajectories
 
 GOOD = {"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "v": -2.0, "score": 1.8},
                                              {"tool": None, "v": -1.0, "score": 2.0}]}
@@ -78,6 +78,30 @@ def test_malformed_json_line(credit: Credit) -> None:
 def test_bad_values_name_line_and_field(line: str, message: str, credit: Credit) -> None:
     code, printed, _ = credit([line], "--estimator", "grpo")
     assert code == 1 and message in printed
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATORS))
+@pytest.mark.parametrize(("line", "message"), [
+    ('{"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "v": NaN, "score": 1.8}, '
+     '{"tool": null, "v": -1.0, "score": 2.0}]}',
+     "line 2, turn 0: field 'v' must be a finite number, got NaN"),
+    ('{"uid": "q", "outcome": 1.0, "note": Infinity, "turns": [{"tool": null, "v": -1.0, "score": 2.0}]}',
+     "line 2: field 'note' must be a finite number, got Infinity"),
+    ('{"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "v": -2.0, "score": 1.8}, '
+     '{"tool": null, "v": -1.0, "score": 2.0, "debug": {"logprobs": [-1.0, -Infinity]}}]}',
+     "line 2, turn 1: field 'debug.logprobs[1]' must be a finite number, got -Infinity"),
+    ('{"uid": "q", "outcome": 1.0, "turns": [{"tool": null, "v": -1.0, "score": 1e999}]}',
+     "line 2, turn 0: field 'score' must be a finite number, got Infinity"),
+])
+def test_non_finite_numbers_are_refused_in_any_field_by_every_estimator(
+        estimator: str, line: str, message: str, credit: Credit) -> None:
+    """Python's JSON reader takes NaN and Infinity; the writer refuses them. Every estimator must
+    reject them at read time, naming line and field, whether it reads the field or passes it on."""
+    code, printed, out = credit([json.dumps(GOOD), line], "--estimator", estimator)
+    assert code == 1, printed
+    assert printed.splitlines() == [printed.strip()]  # one line, no traceback
+    assert message in printed and "JSON has no NaN or Infinity" in printed
+    assert not out.exists()
 
 
 def test_v_null_on_some_turns_only_is_an_error(credit: Credit) -> None:

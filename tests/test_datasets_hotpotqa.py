@@ -1,14 +1,29 @@
-"""HotpotQA-style files: clue chains from supporting paragraphs and a deduplicated, servable corpus."""
+"""HotpotQA-style files: clue chains from supporting paragraphs and a deduplicated, servable corpus
+(one page per distinct paragraph, also where titles repeat, as in MuSiQue)."""
 
 from __future__ import annotations
 
+import html
 import json
+from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 
 from envs.corpus import read_corpus, write_corpus
-from envs.datasets import DatasetError, read_hotpotqa, title_slug
+from envs.corpus_server import CorpusServer
+from envs.datasets import (
+    DatasetConfig,
+    DatasetError,
+    HotpotQA,
+    load_tasks,
+    paragraph_slug,
+    read_hotpotqa,
+    title_slug,
+)
+from envs.search.base import Document
+from envs.search.local import LocalIndex
 
 PREFIX = "http://127.0.0.1:8765/wiki/"
 
@@ -55,12 +70,110 @@ def test_bridge_question_has_a_bridge_then_an_answer_clue(tmp_path: Path) -> Non
     assert [c.id for c in task.clues] == ["q1/clue0", "q1/clue1"]
 
 
-def test_yes_no_answers_mark_no_paragraph_and_titles_are_deduplicated(tmp_path: Path) -> None:
-    hotpot = read_hotpotqa(write_file(tmp_path / "h.jsonl", [BRIDGE, COMPARISON]), PREFIX)
+def test_yes_no_answers_mark_no_paragraph_and_repeated_paragraphs_are_one_page(tmp_path: Path) -> None:
+    again = dict(BRIDGE, id="q3")  # the same paragraphs once more: the same pages
+    hotpot = read_hotpotqa(write_file(tmp_path / "h.jsonl", [BRIDGE, COMPARISON, again]), PREFIX)
     assert hotpot.tasks[1].clues is not None
     assert [c.role for c in hotpot.tasks[1].clues] == ["bridge", "bridge"]
-    assert [d.title for d in hotpot.corpus] == ["Kiss and Tell (1945 film)", "Shirley Temple", "Distractor"]
-    assert hotpot.corpus[1].text.startswith("Shirley Temple was")  # the first text of a title is kept
+    # "Shirley Temple" comes back with another text: a page of its own; "Distractor" too.
+    assert [d.title for d in hotpot.corpus] == ["Kiss and Tell (1945 film)", "Shirley Temple", "Distractor",
+                                                "Shirley Temple", "Distractor"]
+    first_ids = ["Kiss_and_Tell_(1945_film)", "Shirley_Temple", "Distractor"]
+    assert [d.doc_id for d in hotpot.corpus[:3]] == first_ids
+    assert hotpot.corpus[1].text.startswith("Shirley Temple was")  # the first text keeps the title's URL
+    other_text = COMPARISON["paragraphs"][0]["text"]  # type: ignore[index]
+    assert hotpot.corpus[3].doc_id == paragraph_slug("Shirley Temple", other_text)
+    assert hotpot.tasks[1].clues[0].evidence_urls == (hotpot.corpus[3].url,)
+    same = tuple(replace(c, id=c.id.replace("q1", "q3")) for c in hotpot.tasks[0].clues or ())
+    assert hotpot.tasks[2].clues == same
+
+
+def pages_by_url(hotpot: HotpotQA) -> dict[str, Document]:
+    pages = {d.url: d for d in hotpot.corpus}
+    assert len(pages) == len(hotpot.corpus) == len({d.doc_id for d in hotpot.corpus})
+    assert all(d.url == PREFIX + d.doc_id for d in hotpot.corpus)
+    return pages
+
+
+def test_paragraphs_sharing_a_title_each_get_a_page_and_their_clues_point_at_it(tmp_path: Path) -> None:
+    """Several paragraphs under one title in one question (MuSiQue does this), HotpotQA's shape."""
+    row = {"id": "m1", "question": "Who did the founder of Quiet Engine marry?", "answers": ["Ilse Marlow"],
+           "paragraphs": [
+               paragraph("Tomas Venn", "Tomas Venn is a guitarist.  He founded Quiet Engine in 1983.", True),
+               paragraph("Tomas Venn", "In 1985 Tomas Venn married Ilse Marlow.", True),
+               paragraph("Tomas Venn", "Venn toured Japan twice."),
+           ]}
+    hotpot = read_hotpotqa(write_file(tmp_path / "h.jsonl", [row]), PREFIX)
+    pages = pages_by_url(hotpot)
+    assert [d.text for d in hotpot.corpus] == [p["text"] for p in row["paragraphs"]]
+    assert hotpot.corpus[0].url == PREFIX + "Tomas_Venn"  # the first text of the title: as before
+    assert all(d.doc_id.startswith("Tomas_Venn~p") for d in hotpot.corpus[1:])
+    (task,) = hotpot.tasks
+    assert task.clues is not None
+    bridge, answer = task.clues
+    assert (bridge.role, answer.role) == ("bridge", "answer")
+    assert "founded Quiet Engine" in pages[bridge.evidence_urls[0]].text
+    assert "married Ilse Marlow" in pages[answer.evidence_urls[0]].text  # not the first Tomas Venn text
+
+
+MUSIQUE = Path(__file__).parent / "fixtures" / "multihop" / "musique_shared_titles.jsonl"
+
+
+def test_musique_rows_every_paragraph_its_page_clues_in_hop_order() -> None:
+    hotpot = read_hotpotqa(MUSIQUE, PREFIX)
+    rows = [json.loads(line) for line in MUSIQUE.read_text(encoding="utf-8").splitlines()]
+    pages = pages_by_url(hotpot)
+    distinct = {(p["title"], p["paragraph_text"]) for row in rows for p in row["paragraphs"]}
+    assert {(d.title, d.text) for d in hotpot.corpus} == distinct and len(hotpot.corpus) == len(distinct)
+    for row, task in zip(rows, hotpot.tasks, strict=True):
+        assert task.id == row["id"] and task.metadata["source"] == "musique"
+        assert task.answers == (row["answer"], *row["answer_aliases"])
+        assert task.clues is not None
+        by_idx = {p["idx"]: p for p in row["paragraphs"]}
+        hops = [by_idx[hop["paragraph_support_idx"]] for hop in row["question_decomposition"]]
+        # one clue per hop, in hop order, each at the page holding that hop's paragraph
+        assert [pages[c.evidence_urls[0]].text for c in task.clues] == [p["paragraph_text"] for p in hops]
+        assert [c.role for c in task.clues] == ["bridge", "answer"]
+        assert task.clues[-1].aliases == task.answers
+    married = next(d for d in hotpot.corpus if "married" in d.text)
+    assert married.title == "Tomas Venn" and married.doc_id == paragraph_slug(married.title, married.text)
+
+
+async def test_every_musique_paragraph_is_found_by_search() -> None:
+    hotpot = read_hotpotqa(MUSIQUE, PREFIX)
+    index = LocalIndex.from_documents(hotpot.corpus)
+    for doc in hotpot.corpus:
+        hits = await index.search(doc.text, top_k=1)
+        assert [hit.url for hit in hits] == [doc.url], doc.text
+    by_title = await index.search("Tomas Venn", top_k=3)
+    assert {hit.url for hit in by_title} == {d.url for d in hotpot.corpus if d.title == "Tomas Venn"}
+
+
+@pytest.mark.integration
+def test_every_musique_paragraph_is_served_at_its_own_url() -> None:
+    hotpot = read_hotpotqa(MUSIQUE, PREFIX)
+    with CorpusServer(hotpot.corpus) as server:
+        for doc in hotpot.corpus:
+            page = httpx.get(server.url_for(doc.doc_id))
+            assert page.status_code == 200 and html.escape(doc.text) in page.text
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"answerable": False}, "'answerable' is false"),
+    ({"question_decomposition": [{"id": 1, "paragraph_support_idx": 1}]},
+     r"field 'question_decomposition'\[0\].paragraph_support_idx is 1, which names no supporting paragraph"),
+    ({"answer_aliases": "Ilse Venn"}, "field 'answer_aliases' must be a list"),
+])
+def test_musique_rows_that_cannot_be_tasks_name_line_and_field(change: dict[str, object], message: str,
+                                                               tmp_path: Path) -> None:
+    first, second = [json.loads(line) for line in MUSIQUE.read_text(encoding="utf-8").splitlines()]
+    with pytest.raises(DatasetError, match=r"h\.jsonl line 2: " + message):
+        read_hotpotqa(write_file(tmp_path / "h.jsonl", [first, {**second, **change}]), PREFIX)
+
+
+def test_musique_file_through_the_registry() -> None:
+    tasks = load_tasks(DatasetConfig(kind="hotpotqa", path=str(MUSIQUE), url_prefix=PREFIX))
+    assert [task.id for task in tasks] == ["2hop__1_2", "2hop__1_3"]
 
 
 def test_slugs_are_url_safe_and_unique() -> None:

@@ -110,6 +110,19 @@ async def test_a_failing_save_is_counted_and_the_episode_goes_on(chat: ChatForma
     assert trajectory.metadata["checkpoint_failures"] == len(trajectory.turns) - 1
 
 
+async def test_a_store_that_lost_the_run_stops_the_episode(chat: ChatFormat, tasks: list[Task],
+                                                          toolbox: Toolbox) -> None:
+    from rollout.store import StoreDataLostError
+
+    async def save(state: EpisodeState) -> None:
+        raise StoreDataLostError("the run's marker is gone: Redis restarted without its data")
+
+    task = chain(tasks)  # not recorded as one failed episode: the driver must stop the whole run
+    with pytest.raises(StoreDataLostError, match="marker is gone"):
+        await _run(task, ContextPolicy(chat, task.question), toolbox, chat, "mono",
+                   Checkpointing(save=save, every=1), max_turns=5)
+
+
 async def test_bad_checkpoints_are_refused_by_name(chat: ChatFormat, tasks: list[Task],
                                                    toolbox: Toolbox) -> None:
     for garbage, why in [([], "trajectory, env and context"),

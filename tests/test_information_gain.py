@@ -24,11 +24,14 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from envs.protocol import render_answer, render_tool_call
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import WorldConfig, generate_world
 from envs.tasks import Task
 from envs.tools.toolbox import Toolbox
+from learner.credit import IgpoOptions, build_estimator
+from learner.credit.rollout import assign_credit
 from rewards.ig_scoring import HFInformationGainScorer, PerPrefixScorer
 from rewards.information_gain import (
     LEAD_TEXT,
@@ -47,7 +50,7 @@ from rollout.engines.hf import HFEngine
 from rollout.engines.scripted import ScriptedEngine
 from rollout.engines.vllm import VllmEngine
 from rollout.model_store import ensure_default_model
-from rollout.trajectory import Segment, Trajectory
+from rollout.trajectory import Segment, StopReason, Trajectory, Turn
 from tests.test_episode import BASE, chain, episode, smallest_aggregate
 from tests.tools_for_tests import memory_toolbox
 
@@ -237,6 +240,71 @@ async def test_inconsistent_context_len_is_rejected(mono: Trajectory, chat: Chat
     with pytest.raises(ValueError, match="turn 3 records context_len"):
         segment_boundaries(broken, chat, "x")
 
+
+
+# ---- every turn boundary, malformed turns included (ig_tools = []) -------------------------------
+
+class TableScorer:
+    """A :class:`GoldScorer` stub: every gold token of the boundary before turn ``s`` gets log-prob
+    ``table[s]``, so ``v_s = table[s]``; it records which turns it was asked to score."""
+
+    def __init__(self, table: dict[int, float]) -> None:
+        self.table, self.scored = table, []
+
+    async def gold_logprobs(self, segments: Sequence[SegmentBoundaries]) -> list[list[float]]:
+        rows = []
+        for segment in segments:
+            for turn, pseudo in zip(segment.turns, segment.pseudo, strict=True):
+                self.scored.append(turn)
+                rows.append([self.table[turn]] * (pseudo.gold_end - pseudo.gold_start))
+        return rows
+
+
+def search_malformed_visit_answer(chat: ChatFormat) -> Trajectory:
+    """A mono trajectory: t0 search, t1 malformed, t2 visit, t3 answer; context lengths consistent."""
+    prompt = chat.prompt_ids([{"role": "user", "content": "Who founded Quill?"}])
+    actions = [
+        ("tool_call", "search", True, render_tool_call("search", {"query": ["Quill"]}, "Search it.")),
+        ("malformed", None, False, "<think>Now visit it.</think> no call here"),
+        ("tool_call", "visit", True, render_tool_call("visit", {"url": "http://w/q", "goal": "g"}, "Read.")),
+        ("answer", None, True, render_answer("Ada", "It says Ada.")),
+    ]
+    turns, length = [], len(prompt)
+    for index, (action, tool, format_ok, text) in enumerate(actions):
+        response = chat.encode(text)
+        observation = [] if action == "answer" else chat.delta_ids("<tool_response>\nok\n</tool_response>",
+                                                                     response)
+        turns.append(Turn(index=index, response_ids=response, response_logprobs=[0.0] * len(response),
+                          weights_version=0, context_len=length, finish_reason="stop",
+                          response_text=text, action=action, tool=tool, format_ok=format_ok,
+                          observation_ids=observation))
+        length += len(response) + len(observation)
+    return Trajectory(uid="u", sample=0, task_id="t", question="Who founded Quill?", answers=["Ada"],
+                      segments=[Segment(prompt_ids=prompt, turns=turns)],
+                      stop_reason=StopReason.ANSWERED, answer="Ada", outcome=1.0)
+
+
+async def test_without_a_tool_filter_the_gain_after_a_malformed_turn_starts_from_it(
+        chat: ChatFormat) -> None:
+    """ALGORITHMS.md §4: ``ig_tools = []`` keeps every turn boundary, malformed turns included; the
+    malformed turn's reward is the format penalty (§5) and the visit's gain is measured from the
+    boundary after the malformed turn, not from the one after the search."""
+    trajectory = search_malformed_visit_answer(chat)
+    scorer = TableScorer({0: -3.0, 1: -2.5, 2: -2.25, 3: -1.0})
+    values = await information_gain_values(trajectory, chat, scorer)
+    assert scorer.scored == [0, 1, 2, 3]  # the boundary before every turn, the malformed one too
+    assert values == [-3.0, -2.5, -2.25, -1.0]
+
+    assign_credit([trajectory], build_estimator("igpo", IgpoOptions(ig_tools=[])))
+    turns = trajectory.turns
+    assert [turn.ig for turn in turns] == [0.5, 0.25, 1.25, None]  # v1−v0, v2−v1, v3−v2
+    assert [turn.reward for turn in turns] == [0.5, -1.0, 1.25, 1.0]  # penalty in place of the IG
+    assert sum(turn.ig for turn in turns[:-1]) == values[-1] - values[0]  # telescoping
+
+    # Browse-aware (the default): the malformed turn is no boundary of IG and moves no baseline.
+    assign_credit([trajectory], build_estimator("igpo"))
+    assert [turn.ig for turn in turns] == [None, None, 2.0, None]  # v3 − v0
+    assert [turn.reward for turn in turns] == [None, -1.0, 2.0, 1.0]
 
 # ---- the cost ------------------------------------------------------------------------------------
 

@@ -1,15 +1,18 @@
 """``turnstile data``: prepare training data. One sub-command so far, ``clean`` (ALGORITHMS.md §10):
-raw agent trajectories in chat format in, SFT rows in this project's protocol out, every step
-counted (see ``learner/sft_data.py`` for the steps and the formats)::
+raw agent trajectories in (chat rows such as WebDancer's, or R1-Searcher's rollouts; see
+``learner/sft_formats.py``), SFT rows in this project's protocol out, every step counted (see
+``learner/sft_data.py`` for the steps)::
 
     turnstile data clean --in webdancer.jsonl --out sft.jsonl
     turnstile data clean --in webdancer.jsonl --out sft.jsonl --no-require-correct
+    turnstile data clean --in r1_searcher_hotpotqa.jsonl --out sft.jsonl --format r1_searcher
     turnstile data clean --in raw.jsonl --out sft.jsonl --judge-url http://127.0.0.1:8000/v1 \\
         --judge-model qwen3-32b --resample 50:1,100:2,inf:5
 
 Without a judge, an answer is accepted only on an exact match with the reference; rows whose answer
 cannot be verified are dropped unless ``--no-require-correct`` is given (they are then kept and
 counted as unverified). Long-form answers rarely match exactly: judge them, or opt out knowingly.
+An input in which no line is a row of a known format is an error (exit 1), and nothing is written.
 """
 
 from __future__ import annotations
@@ -26,11 +29,13 @@ from learner.sft_data import (
     STEP_NAMES,
     CleanConfig,
     CleanReport,
+    NoReadableRows,
     StepCount,
     clean_file,
     parse_resample,
     schema_mismatch_lines,
 )
+from learner.sft_formats import AUTO, FORMATS
 from rewards.judge import ChatClientConfig, JudgeUnavailable
 
 NAME = "data"
@@ -44,7 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     clean = sub.add_parser("clean", help="clean, filter and resample trajectories for SFT (§10)",
                            description="Clean, filter and resample raw agent trajectories for SFT.")
     clean.add_argument("--in", dest="source", metavar="FILE.jsonl", required=True,
-                       help="raw trajectories: {messages, answer, ...} per line")
+                       help="raw trajectories, one per line: {messages, answer, ...} (chat) or "
+                            "{question, answer, gen_text_store, ...} (r1_searcher)")
+    clean.add_argument("--format", dest="input_format", default=AUTO, choices=[AUTO, *FORMATS],
+                       help="input format (default: %(default)s, recognised per row by its fields)")
     clean.add_argument("--out", metavar="FILE.jsonl", required=True, help="where to write the rows")
     clean.add_argument("--tools", default=",".join(KNOWN_TOOLS),
                        help="allowed tools, comma separated (default: %(default)s)")
@@ -74,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         report = clean_file(source, target, config, progress=_progress)
-    except FileNotFoundError as error:  # names the path
+    except (FileNotFoundError, NoReadableRows) as error:  # names the path
         print(f"turnstile data clean: {error}")
         return 1
     except JudgeUnavailable as error:
@@ -96,7 +104,8 @@ def clean_config(args: argparse.Namespace) -> CleanConfig:
         raise ValueError("--max-queries must be at least 1")
     tools = tuple(name.strip() for name in args.tools.split(",") if name.strip())
     return CleanConfig(allowed_tools=tools, require_correct=args.require_correct, judge=judge,
-                       resample=parse_resample(args.resample), max_queries=args.max_queries)
+                       resample=parse_resample(args.resample), max_queries=args.max_queries,
+                       input_format=args.input_format)
 
 
 def _progress(message: str) -> None:
@@ -106,6 +115,7 @@ def _progress(message: str) -> None:
 def print_report(report: CleanReport, target: Path) -> None:
     print(f"data clean: {report.source}")
     print(f"read: {report.rows_read} rows, {len(report.unreadable)} unreadable")
+    print("format: " + ", ".join(f"{name} ({count} rows)" for name, count in sorted(report.formats.items())))
     for where in report.unreadable[:UNREADABLE_SHOWN]:
         print(f"  unreadable: {where}")
     if len(report.unreadable) > UNREADABLE_SHOWN:

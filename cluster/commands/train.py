@@ -11,9 +11,10 @@ import argparse
 import logging
 from pathlib import Path
 
-from cluster.config import ConfigError, dump_config, load_config
-from cluster.train import TrainError, TrainJob, run_train
-from learner.trainer import LearnerError
+from cluster.config import dump_config, load_config
+from cluster.train import TrainJob, check, run_train
+from rewards.service import RewardServiceError
+from rollout.store import StoreError
 
 NAME = "train"
 HELP = "Train the policy: rollouts, rewards, credit, veRL updates and weight publishing, step by step."
@@ -31,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     try:
         job = load_config(TrainJob, args.config, overrides)
-    except (ConfigError, LearnerError) as error:
+        check(job)
+    except (ValueError, StoreError) as error:  # ConfigError, TrainError, RewardError, a store refused
         print(f"turnstile train: {error}")
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
           f"samples, engine {job.rollout.engine.kind}, learner dp={job.learner.dp}, out {job.out}")
     try:
         state = run_train(job, progress=not args.no_progress)
-    except (TrainError, LearnerError, ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, StoreError, RewardServiceError) as error:  # each says what to do
         print(f"turnstile train: {error}")
         return 1
     print(f"done: {state.step} steps, weights version {state.weights_version}")

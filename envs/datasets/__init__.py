@@ -1,6 +1,6 @@
-"""Task datasets: generic JSONL/parquet files, HotpotQA-style multi-hop files with their corpus, and
-published benchmarks (decrypted in memory only). Start from :func:`load_tasks` with a
-:class:`DatasetConfig`; add a kind with ``@register_dataset("name")``."""
+"""Task datasets: generic JSONL/parquet files, HotpotQA-style multi-hop files (MuSiQue's shape too)
+with their corpus, and published benchmarks (decrypted in memory only). Start from
+:func:`load_tasks` with a :class:`DatasetConfig`; add a kind with ``@register_dataset("name")``."""
 
 from envs.datasets.benchmarks import (
     BROWSECOMP_ZH_COUNT,
@@ -13,7 +13,7 @@ from envs.datasets.benchmarks import (
     load_xbench,
 )
 from envs.datasets.generic import DatasetError, load_jsonl, load_parquet, task_from_record
-from envs.datasets.hotpotqa import HotpotQA, read_hotpotqa, title_slug
+from envs.datasets.hotpotqa import HotpotQA, paragraph_slug, read_hotpotqa, title_slug
 from envs.datasets.registry import DatasetConfig, known_kinds, load_tasks, register_dataset
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "load_webshaper",
     "load_webwalkerqa",
     "load_xbench",
+    "paragraph_slug",
     "read_hotpotqa",
     "register_dataset",
     "task_from_record",

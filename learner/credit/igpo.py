@@ -46,7 +46,7 @@ class IgpoOptions:
     eta: float = 0.3  # IG-Scale floor of the mean |normalised outcome|
     s_max: float = 10.0  # IG-Scale cap
     format_penalty: float = 1.0  # λ_fmt; 0 turns the format penalty off (turn and outcome)
-    ig_tools: list[str] = field(default_factory=lambda: ["visit"])  # [] = every tool
+    ig_tools: list[str] = field(default_factory=lambda: ["visit"])  # [] = every turn boundary
     ig_type: IgType = IgType.log_prob_diff
 
     def __post_init__(self) -> None:
@@ -60,7 +60,7 @@ class IgpoOptions:
             raise ValueError(f"s_max={self.s_max}: must be a finite number > 0")
         if any(not tool for tool in self.ig_tools):
             raise ValueError(f"ig_tools={self.ig_tools}: tool names must be non-empty "
-                             f"(write ig_tools=[] for every tool)")
+                             f"(write ig_tools=[] for every turn boundary)")
 
 
 def _member(kind: type[E], value: str, name: str) -> E:
@@ -79,10 +79,12 @@ def assign_information_gain(values: Sequence[float], tools: Sequence[str | None]
 
     ``values[s]`` is ``v_s``, measured before turn ``s`` (``v_0``: the question alone); ``tools[s]``
     is the tool turn ``s`` called, ``None`` for an answer or a malformed turn. Step ``s ≥ 1`` is kept
-    iff ``tools[s−1]`` is in ``ig_tools`` (any tool when empty); its gain over the previous kept step
-    (initially ``v_0``) goes to turn ``s−1``. Other turns, and always the last turn, get ``None``.
-    Searches thus pay off through the visit that reads what they found, and the gains telescope to
-    ``v_last_kept − v_0``.
+    iff ``tools[s−1]`` is in ``ig_tools``; with ``ig_tools`` empty every step is kept, malformed turns
+    included (DR-Venus without a tool filter: each turn boundary is measured, and the next gain
+    starts from it; the estimator then puts the format penalty in place of a malformed turn's gain).
+    A kept step's gain over the previous kept step (initially ``v_0``) goes to turn ``s−1``. Other
+    turns, and always the last turn, get ``None``. Searches thus pay off through the visit that
+    reads what they found, and the gains telescope to ``v_last_kept − v_0``.
     """
     if len(values) != len(tools):
         raise ValueError(f"{len(values)} values for {len(tools)} turns; give one v per turn")
@@ -90,8 +92,7 @@ def assign_information_gain(values: Sequence[float], tools: Sequence[str | None]
     gains: list[float | None] = [None] * len(tools)
     previous = measure(values[0]) if values else 0.0
     for turn in range(len(tools) - 1):
-        tool = tools[turn]
-        if tool is None or (ig_tools and tool not in ig_tools):
+        if ig_tools and tools[turn] not in ig_tools:  # None (answer, malformed) is never listed
             continue
         current = measure(values[turn + 1])
         gains[turn] = current - previous

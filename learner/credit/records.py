@@ -9,7 +9,8 @@ and checked on a hand-written file without the rollout's token-level trajectory 
 ``answered`` and ``format_ok`` default to true; ``v`` (the information-gain value measured before
 the turn, ALGORITHMS.md §4) and ``score`` (the clue step score, §6) are read by the estimators that
 need them. Every other field, of the trajectory or of a turn, is kept and written back unchanged;
-the estimator adds ``advantage`` and ``reward`` (and its own fields) to every turn.
+the estimator adds ``advantage`` and ``reward`` (and its own fields) to every turn. Every number in
+the file, in any field, must be finite: JSON has no ``NaN`` or ``Infinity``, and neither is written.
 """
 
 from __future__ import annotations
@@ -106,13 +107,54 @@ GroupCredit = list[TrajectoryCredit]
 
 
 def parse_trajectory(text: str, line: int) -> Trajectory:
-    """One JSONL line as a trajectory; errors name ``line`` and the field and say what to write."""
+    """One JSONL line as a trajectory; errors name ``line`` and the field and say what to write.
+
+    Python's JSON reader accepts ``NaN``, ``Infinity`` and ``-Infinity`` (and turns ``1e999`` into
+    infinity), which JSON does not allow and the output writer refuses: a non-finite number in any
+    field, read by the estimator or only passed through, is an error here, before any work is done.
+    """
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as error:
         raise CreditInputError(f"line {line}: not valid JSON ({error.msg}, column {error.colno}); "
                                f"each line must be one trajectory object") from None
+    if isinstance(obj, dict):
+        _reject_non_finite(obj, line)
     return trajectory_from_object(obj, line)
+
+
+_JSON_SPELLING = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _reject_non_finite(obj: dict[str, object], line: int) -> None:
+    """Raise naming the line, the turn and the field path of the first non-finite number."""
+    found = _first_non_finite(obj, ())
+    if found is None:
+        return
+    path, value = found
+    where = f"line {line}"
+    if len(path) >= 3 and path[0] == "turns" and isinstance(path[1], int):
+        where, path = f"{where}, turn {path[1]}", path[2:]
+    name = "".join(f"[{key}]" if isinstance(key, int) else f".{key}" for key in path).lstrip(".")
+    raise CreditInputError(f"{where}: field '{name}' must be a finite number, got "
+                           f"{_JSON_SPELLING[repr(value)]}; JSON has no NaN or Infinity (write null "
+                           f"where there is no value)")
+
+
+def _first_non_finite(value: object, path: tuple[str | int, ...]
+                      ) -> tuple[tuple[str | int, ...], float] | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    keyed: list[tuple[str | int, object]] = []
+    if isinstance(value, dict):
+        keyed = list(value.items())
+    elif isinstance(value, list):
+        keyed = list(enumerate(value))
+    for key, item in keyed:
+        found = _first_non_finite(item, (*path, key))
+        if found is not None:
+            return found
+    return None
 
 
 def trajectory_from_object(obj: object, line: int) -> Trajectory:

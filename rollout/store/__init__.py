@@ -4,6 +4,8 @@
 ``build_store(StoreConfig(kind="redis", url="redis://127.0.0.1:6379/0", namespace="run-17"))``
 (Redis Streams). Both implement :class:`TrajectoryStore`; its docstring is the contract, and
 ``tests/test_store.py`` runs the same tests on both (``pytest tests/test_store.py``).
+``check_durability(config)`` refuses, before a run starts, a Redis that would lose acknowledged
+items on a restart (``tests/test_store_durability.py`` kills and restarts real servers).
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from rollout.store.base import (
     SCORED,
     Claimed,
     StoreConfig,
+    StoreDataLostError,
     StoreError,
+    StoreNotDurableError,
     StoreUnavailableError,
     TrajectoryStore,
+    without_password,
 )
 from rollout.store.memory import MemoryStoreActor, MemoryTrajectoryStore
 from rollout.store.redis import RedisTrajectoryStore
@@ -29,12 +34,23 @@ STORE_BACKENDS: dict[str, type[MemoryTrajectoryStore | RedisTrajectoryStore]] = 
 def build_store(config: StoreConfig) -> TrajectoryStore:
     """The client of ``config.kind``. Cheap and picklable; it connects on first use (a memory store
     starts its actor here when no actor of that name exists yet)."""
+    return _backend(config)(config)
+
+
+def check_durability(config: StoreConfig) -> None:
+    """Raise :class:`StoreNotDurableError`, naming the server setting to change, if the store of
+    ``config`` would lose acknowledged items when its server restarts (unless
+    ``config.require_durable`` is false). Call it in the driver before anything starts: it needs no
+    Ray and builds no memory-store actor."""
+    _backend(config).check_durability(config)
+
+
+def _backend(config: StoreConfig) -> type[MemoryTrajectoryStore | RedisTrajectoryStore]:
     try:
-        backend = STORE_BACKENDS[config.kind]
+        return STORE_BACKENDS[config.kind]
     except KeyError:
         known = ", ".join(sorted(STORE_BACKENDS))
         raise ValueError(f"store.kind={config.kind!r} is not known; use one of: {known}") from None
-    return backend(config)
 
 
 __all__ = [
@@ -46,8 +62,12 @@ __all__ = [
     "MemoryTrajectoryStore",
     "RedisTrajectoryStore",
     "StoreConfig",
+    "StoreDataLostError",
     "StoreError",
+    "StoreNotDurableError",
     "StoreUnavailableError",
     "TrajectoryStore",
     "build_store",
+    "check_durability",
+    "without_password",
 ]

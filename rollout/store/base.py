@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from envs.tools.base import JsonObject
 
@@ -22,6 +22,10 @@ FINISHED = "finished"  # trajectories waiting for the reward service
 SCORED = "scored"  # scored trajectories waiting for the learner
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+# ``scheme://user:password@``: the user stops at the first ``:``; the password runs to the last ``@``
+# before a space, so a password with unescaped ``@ / # ?`` is masked whole, never in part (the price:
+# a URL with an ``@`` in its path after ``host:port`` is masked too).
+_URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:@/]*:)\S*@")
 
 
 @dataclass
@@ -35,6 +39,16 @@ class StoreConfig:
     ``actor_name``: the named Ray actor that holds a memory store. ``timeout_s``: connect and read
     timeout of one Redis command; ``retries``: how often a command that failed on the network is
     tried again (puts are idempotent, so a retried put never duplicates).
+
+    ``password_env`` (redis): the name of the environment variable that holds the Redis password,
+    e.g. ``REDIS_PASSWORD``; every process that connects reads it (set it on every node before
+    ``ray start``), so the secret is in no config file, log or Ray object. A password in ``url``
+    (``redis://:pw@host``) works too, and is masked wherever the URL is printed.
+    ``require_durable`` (redis): ``turnstile train`` refuses, before anything starts, a server that
+    would lose acknowledged items if it restarted (see :meth:`TrajectoryStore.check_durability`);
+    ``false`` runs on it anyway (a throwaway test server, or a managed Redis whose ``CONFIG`` is
+    hidden but whose provider persists writes). A restart that lost the run's data is detected
+    either way and stops the run with :class:`StoreDataLostError`.
     """
 
     kind: str = "memory"
@@ -43,6 +57,13 @@ class StoreConfig:
     actor_name: str = "turnstile-store"
     timeout_s: float = 5.0
     retries: int = 2
+    password_env: str = ""
+    require_durable: bool = True
+
+    def __repr__(self) -> str:  # a config that reaches a log or a traceback keeps its secret
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["url"] = without_password(self.url)
+        return f"StoreConfig({', '.join(f'{name}={value!r}' for name, value in shown.items())})"
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,16 @@ class StoreError(RuntimeError):
 
 class StoreUnavailableError(StoreError):
     """The store's backend cannot be reached (Redis down, the memory store's actor dead)."""
+
+
+class StoreNotDurableError(StoreError):
+    """The backend would lose acknowledged items if its server restarted; the message names the
+    server setting to change, and the opt-out (``store.require_durable=false``)."""
+
+
+class StoreDataLostError(StoreError):
+    """The backend lost this run's items (a Redis restart without persistence, a flush): going on
+    would work on an empty store, accept duplicates and forget pending items, so the run stops."""
 
 
 class TrajectoryStore(ABC):
@@ -86,7 +117,16 @@ class TrajectoryStore(ABC):
     - Stream, group and consumer names are 1-200 characters of letters, digits and ``_ . : -``.
     - The client is picklable: pass it to Ray actors; it reconnects lazily where it lands.
     - ``close`` releases this client's connections; it is safe to call twice and never deletes data.
+    - A backend that notices it lost items it had acknowledged (its server restarted empty) raises
+      :class:`StoreDataLostError` from then on, instead of answering as an empty store.
     """
+
+    @classmethod
+    @abstractmethod
+    def check_durability(cls, config: StoreConfig) -> None:
+        """Raise :class:`StoreNotDurableError` (naming the setting to change) if a restart of the
+        backend's server would lose acknowledged items, unless ``config.require_durable`` is false.
+        Synchronous and needs no Ray: the driver calls it before it starts anything."""
 
     @abstractmethod
     async def ready(self) -> None:
@@ -137,6 +177,12 @@ class TrajectoryStore(ABC):
 
 
 # ---- shared by the backends ----------------------------------------------------------------------
+
+def without_password(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` in it replaced by
+    ``***`` (``redis://:***@host:6379/0``): for URLs in messages, logs and dumped configs."""
+    return _URL_PASSWORD.sub(r"\g<head>***@", text)
+
 
 def check_name(what: str, name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):

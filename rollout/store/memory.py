@@ -186,6 +186,11 @@ class MemoryTrajectoryStore(TrajectoryStore):
             max_restarts=0,
         ).remote()
 
+    @classmethod
+    def check_durability(cls, config: StoreConfig) -> None:
+        """Nothing to check: choosing the memory store is choosing a store that lives and dies with
+        its actor (see the module docstring); ``require_durable`` concerns servers (redis)."""
+
     def _key(self, what: str, name: str) -> str:
         return f"{self._namespace}/{check_name(what, name)}"
 

@@ -1,10 +1,11 @@
 """The Redis trajectory store: Redis Streams with consumer groups (redis-py asyncio).
 
 For runs that must survive the loss of any worker, the driver or a store client: the items, pending
-lists and checkpoints live in Redis (as durable as the server's own persistence settings).
+lists and checkpoints live in Redis, as durable as the server's persistence (see "Durability").
 
 Layout, under the run's namespace ``ns`` (one namespace per run, so runs sharing a server never
-collide; ``{stream}`` is a hash tag, so all keys of a stream sit in one Redis Cluster slot):
+collide; ``{stream}`` is a hash tag, so all keys of a stream sit in one Redis Cluster slot, all but
+the marker, which ``put`` and ``ack`` also read: this client talks to one server, not a Cluster):
 
 - ``ns:stream:{s}`` — the stream; each entry holds the fields ``item`` (the producer's id) and
   ``payload`` (JSON).
@@ -12,6 +13,7 @@ collide; ``{stream}`` is a hash tag, so all keys of a stream sit in one Redis Cl
   what ``ack`` maps item ids to entry ids with.
 - ``ns:stream:{s}:duplicates`` — how many puts were ignored as duplicates.
 - ``ns:checkpoint:<key>`` — an episode checkpoint, as JSON.
+- ``ns:marker`` — a random token written by the namespace's first client (see "Lost data").
 
 ``put`` is one Lua script (check the id key, XADD, record the entry id), so a producer killed half
 way never leaves an item id recorded without its entry. Groups are created on first use at the start
@@ -19,22 +21,47 @@ of the stream (XGROUP CREATE ... 0 MKSTREAM, BUSYGROUP ignored). ``reclaim`` is 
 XPENDING in one script, to report delivery counts. Every command has a connect and read timeout
 (``StoreConfig.timeout_s``); a blocking ``claim`` waits in slices shorter than the read timeout, so
 an unreachable server is an error within seconds, never a hang.
+
+Durability. :meth:`RedisTrajectoryStore.check_durability` (``turnstile train`` calls it before it
+starts anything) refuses a server that would lose acknowledged items if it restarted: no
+append-only file, ``appendfsync no``, keys it may evict, or settings it hides (the reasons are in
+:mod:`rollout.store.redis_persistence`), unless ``store.require_durable=false``.
+
+Lost data. A server that restarted without persistence (or was flushed) answers as an empty store:
+a duplicate put would be accepted, acks would count 0, pending items would be forgotten. The marker
+turns that into :class:`~rollout.store.base.StoreDataLostError`. A restart drops every connection and
+redis-py reconnects, so each new connection reads the marker in its handshake (pipelined with the
+first-client ``SET NX``: one round trip per connection, none per command); ``put``, ``ack`` and
+``load_checkpoint`` also read it inside their own command (the script, the ``MGET``), which catches
+a flush on a live connection at no cost, and so does a vanished consumer group. Once lost, every
+call raises: the failed connection is dropped, and the next one checks again.
+
+The password comes from ``url`` or, better, from the environment variable ``password_env`` in each
+process that connects; URLs in messages are masked (:func:`~rollout.store.base.without_password`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import socket
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from envs.tools.base import JsonObject
 from rollout.store.base import (
     Claimed,
     StoreConfig,
+    StoreDataLostError,
+    StoreNotDurableError,
     StoreUnavailableError,
     TrajectoryStore,
     check_count,
@@ -42,16 +69,25 @@ from rollout.store.base import (
     check_name,
     decode_payload,
     encode_payload,
+    without_password,
 )
+from rollout.store.redis_persistence import persistence_problems
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
+    from redis.asyncio.connection import AbstractConnection
     from redis.commands.core import AsyncScript
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
-# KEYS: stream, item key, duplicates counter. ARGV: item id, payload. Returns 1 if added, 0 if not.
+# KEYS: stream, item key, duplicates counter, marker. ARGV: item id, payload, the marker this client
+# knows ("" before its first connection). Returns 1 if added, 0 if a duplicate, -1 if the marker is
+# not the one this client knows (the server lost the run's data: nothing is written).
 _PUT = """
+if ARGV[3] ~= '' and redis.call('GET', KEYS[4]) ~= ARGV[3] then
+  return -1
+end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   redis.call('INCR', KEYS[3])
   return 0
@@ -90,8 +126,8 @@ class _Connection:
 
 
 class RedisTrajectoryStore(TrajectoryStore):
-    """Client of a Redis server. Pickles as its config; the connection pool is built lazily, on
-    first use in the process (and event loop) that uses it."""
+    """Client of a Redis server. Pickles as its config and the namespace's marker (once known); the
+    connection pool is built lazily, on first use in the process (and event loop) that uses it."""
 
     def __init__(self, config: StoreConfig) -> None:
         if not config.url:
@@ -99,17 +135,63 @@ class RedisTrajectoryStore(TrajectoryStore):
                              "store.url=redis://127.0.0.1:6379/0")
         if config.timeout_s <= 0:
             raise ValueError(f"store.timeout_s must be > 0, got {config.timeout_s}")
+        if config.password_env and urlsplit(config.url).password is not None:
+            raise ValueError(f"store.url ({without_password(config.url)}) holds a password and "
+                             f"store.password_env={config.password_env} names another: keep one "
+                             "(password_env keeps the secret out of config files)")
         check_count("store.retries", config.retries, 0)
         check_name("store namespace", config.namespace)
         self._config = replace(config)
         self._connection: _Connection | None = None
         self._groups: set[tuple[str, str]] = set()  # (stream key, group) known to exist
+        self._marker: str | None = None  # the namespace's marker, as first seen by this client
 
-    def __getstate__(self) -> dict[str, StoreConfig]:
-        return {"config": self._config}
+    def __getstate__(self) -> dict[str, StoreConfig | str | None]:
+        return {"config": self._config, "marker": self._marker}
 
-    def __setstate__(self, state: dict[str, StoreConfig]) -> None:
-        self.__init__(state["config"])
+    def __setstate__(self, state: dict[str, StoreConfig | str | None]) -> None:
+        config, marker = state["config"], state.get("marker")
+        assert isinstance(config, StoreConfig)
+        self.__init__(config)
+        self._marker = marker if isinstance(marker, str) else None  # a copy checks what it was sent
+
+    # ---- durability ------------------------------------------------------------------------------
+
+    @classmethod
+    def check_durability(cls, config: StoreConfig) -> None:
+        """Raise :class:`StoreNotDurableError` naming the setting to change if the server would lose
+        acknowledged items on a restart (see the module docstring), unless
+        ``config.require_durable`` is false. From async code: ``await store.persistence_problems()``."""
+        url = without_password(config.url)
+        if not config.require_durable:
+            log.warning("store.require_durable=false: not checking that Redis at %s persists writes; "
+                        "if it restarts without them the run stops with StoreDataLostError", url)
+            return
+        store = cls(config)
+
+        async def problems() -> list[str]:
+            try:
+                return await store.persistence_problems()
+            finally:
+                await store.close()
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the driver, before anything started: no loop
+            found = asyncio.run(problems())
+        else:  # called from async code: a loop of its own, in a thread (a start-up check, once)
+            with ThreadPoolExecutor(1) as thread:
+                found = thread.submit(asyncio.run, problems()).result()
+        if found:
+            raise StoreNotDurableError(
+                f"Redis at {url} would lose acknowledged items if it restarted: {'; '.join(found)}. "
+                "Or set store.require_durable=false to run on it anyway.")
+
+    async def persistence_problems(self) -> list[str]:
+        """What in the server's settings would lose acknowledged items, each as the setting to
+        change; empty when it keeps them (:mod:`rollout.store.redis_persistence`)."""
+        with self._reachable():
+            return await persistence_problems(self._redis())
 
     # ---- connection and errors -------------------------------------------------------------------
 
@@ -121,9 +203,10 @@ class RedisTrajectoryStore(TrajectoryStore):
 
             config = self._config
             client = aioredis.Redis.from_url(
-                config.url, decode_responses=True, protocol=2,
+                config.url, password=self._password(), decode_responses=True, protocol=2,
                 socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s,
                 retry=Retry(ExponentialBackoff(cap=1.0, base=0.1), config.retries),
+                redis_connect_func=self._handshake,
             )
             self._connection = _Connection(client, client.register_script(_PUT),
                                            client.register_script(_RECLAIM))
@@ -132,21 +215,82 @@ class RedisTrajectoryStore(TrajectoryStore):
     def _redis(self) -> Redis:
         return self._connect().client
 
+    def _password(self) -> str | None:
+        """The password named by ``password_env``, read in this process (the url's own, if any, is
+        applied by redis-py)."""
+        name = self._config.password_env
+        if not name:
+            return None
+        value = os.environ.get(name)
+        if not value:
+            raise StoreUnavailableError(
+                f"store.password_env={name}, but ${name} is not set in this process (host "
+                f"{socket.gethostname()}, pid {os.getpid()}): export it on every node before "
+                "`ray start` (Ray's actors inherit their node's environment), or before a local run")
+        return value
+
+    def _password_hint(self) -> str:
+        if self._config.password_env:
+            return f"check ${self._config.password_env} (store.password_env) in this process"
+        if urlsplit(self._config.url).password is not None:
+            return "check the password in store.url"
+        return ("it wants a password: export it (e.g. as REDIS_PASSWORD) on every node and set "
+                "store.password_env=REDIS_PASSWORD")
+
+    async def _handshake(self, connection: AbstractConnection) -> None:
+        """A new connection: redis-py's own handshake (AUTH, SELECT), then the marker. The first
+        connection of this client writes the marker if the namespace has none and remembers it;
+        every later one (a reconnect after a restart) checks that it is still there."""
+        await connection.on_connect()
+        key = self._marker_key()
+        commands: list[tuple[str, ...]] = [("GET", key)]
+        if self._marker is None:
+            commands.insert(0, ("SET", key, uuid.uuid4().hex, "NX"))
+        await connection.send_packed_command(connection.pack_commands(commands))
+        replies = [await connection.read_response() for _ in commands]
+        if self._marker is None:
+            self._marker = replies[-1]
+        elif replies[-1] != self._marker:
+            await connection.disconnect()  # so that the next call checks again and fails again
+            raise self._lost(replies[-1])
+
+    def _check_marker(self, found: str | None) -> None:
+        if self._marker is not None and found != self._marker:
+            raise self._lost(found)
+
+    async def _verify_marker(self) -> None:
+        self._check_marker(await self._redis().get(self._marker_key()))
+
+    def _lost(self, found: str | None) -> StoreDataLostError:
+        what = "gone" if found is None else f"replaced by another client's ({found})"
+        return StoreDataLostError(
+            f"Redis at {without_password(self._config.url)} lost this run's data: the marker "
+            f"{self._marker_key()} its first client wrote ({self._marker}) is {what}, so the server "
+            "restarted without persistence or was flushed, and the streams, pending items, "
+            f"checkpoints and de-duplication keys of namespace {self._config.namespace} are gone. "
+            "The run stops rather than go on with an empty store; resume it (resume=true) on a "
+            "Redis started with `--appendonly yes`.")
+
     @contextmanager
     def _reachable(self) -> Iterator[None]:
         """Turn network failures into one error that names the server and what to do."""
         from redis import exceptions
 
+        url = without_password(self._config.url)
         try:
             yield
+        except exceptions.AuthenticationError as error:
+            reason = without_password(str(error))
+            raise StoreUnavailableError(f"Redis at {url} refused the connection ({reason}): "
+                                        f"{self._password_hint()}") from None
         except (exceptions.ConnectionError, exceptions.TimeoutError, OSError) as error:
-            url = _without_password(self._config.url)
             port = urlsplit(self._config.url).port or 6379
             raise StoreUnavailableError(
-                f"Redis at {url} is unreachable ({type(error).__name__}: {str(error).rstrip('.')}; timeout "
-                f"{self._config.timeout_s} s, {self._config.retries} retries). Start one with "
-                f"`redis-server --port {port}` (Debian: apt-get install redis-server), or point "
-                "store.url at a running server, or use store.kind=memory."
+                f"Redis at {url} is unreachable ({type(error).__name__}: "
+                f"{without_password(str(error)).rstrip('.')}; timeout {self._config.timeout_s} s, "
+                f"{self._config.retries} retries). Start one with `redis-server --port {port} "
+                "--appendonly yes` (Debian: apt-get install redis-server), or point store.url at a "
+                "running server, or use store.kind=memory."
             ) from error
 
     async def _ensure_group(self, key: str, group: str) -> None:
@@ -172,18 +316,26 @@ class RedisTrajectoryStore(TrajectoryStore):
     def _checkpoint_key(self, key: str) -> str:
         return f"{self._config.namespace}:checkpoint:{check_id('checkpoint key', key)}"
 
+    def _marker_key(self) -> str:
+        return f"{self._config.namespace}:marker"
+
     # ---- the store -------------------------------------------------------------------------------
 
     async def ready(self) -> None:
+        """Raise :class:`StoreUnavailableError` unless the server answers, and
+        :class:`StoreDataLostError` if it lost this client's namespace since it first connected."""
         with self._reachable():
-            await self._redis().ping()
+            await self._verify_marker()
 
     async def put(self, stream: str, item_id: str, payload: JsonObject) -> None:
         key = self._stream_key(stream)
         text = encode_payload(check_id("item id", item_id), payload)
         with self._reachable():
-            await self._connect().put(keys=[key, self._item_key(key, item_id), f"{key}:duplicates"],
-                                   args=[item_id, text])
+            added = await self._connect().put(
+                keys=[key, self._item_key(key, item_id), f"{key}:duplicates", self._marker_key()],
+                args=[item_id, text, self._marker or ""])
+        if added == -1:
+            raise self._lost(None)
 
     async def claim(self, stream: str, group: str, consumer: str, count: int = 1,
                     block_ms: int = 0) -> list[Claimed]:
@@ -214,7 +366,10 @@ class RedisTrajectoryStore(TrajectoryStore):
         if not ids:
             return 0
         with self._reachable():
-            entry_ids = await self._redis().mget([self._item_key(key, item_id) for item_id in ids])
+            # The marker rides along: an ack that finds its items gone says why.
+            *entry_ids, marker = await self._redis().mget(
+                [self._item_key(key, item_id) for item_id in ids] + [self._marker_key()])
+            self._check_marker(marker)
             known = sorted({entry for entry in entry_ids if entry})
             return int(await self._redis().xack(key, group, *known)) if known else 0
 
@@ -241,6 +396,7 @@ class RedisTrajectoryStore(TrajectoryStore):
                 summary = await self._redis().xpending(key, group)
             except ResponseError as error:
                 if "NOGROUP" in str(error):
+                    await self._verify_marker()  # a group that vanished with the data is an error
                     return 0
                 raise
         return int(summary["pending"])
@@ -264,7 +420,8 @@ class RedisTrajectoryStore(TrajectoryStore):
     async def load_checkpoint(self, key: str) -> JsonObject | None:
         name = self._checkpoint_key(key)
         with self._reachable():
-            text = await self._redis().get(name)
+            text, marker = await self._redis().mget([name, self._marker_key()])
+            self._check_marker(marker)  # a checkpoint that vanished with the data is an error
         return None if text is None else decode_payload(text)
 
     async def drop_checkpoint(self, key: str) -> None:
@@ -286,8 +443,9 @@ class RedisTrajectoryStore(TrajectoryStore):
             await connection.client.aclose()
 
     async def _with_group(self, key: str, group: str, command: Callable[[], Awaitable[T]]) -> T:
-        """Run a group command, creating the group first; if the group vanished (the server was
-        flushed or restarted without persistence), create it again and retry once."""
+        """Run a group command, creating the group first. If the group vanished, the server lost
+        the run's data (:class:`StoreDataLostError`) unless the marker is still there (the group
+        alone was destroyed): then create it again and retry once."""
         from redis.exceptions import ResponseError
 
         await self._ensure_group(key, group)
@@ -296,6 +454,7 @@ class RedisTrajectoryStore(TrajectoryStore):
         except ResponseError as error:
             if "NOGROUP" not in str(error):
                 raise
+        await self._verify_marker()
         self._groups.discard((key, group))
         await self._ensure_group(key, group)
         return await command()
@@ -307,12 +466,3 @@ def _glob_escape(text: str) -> str:
 
 def _claimed(fields: dict[str, str], deliveries: int) -> Claimed:
     return Claimed(fields["item"], decode_payload(fields["payload"]), deliveries)
-
-
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
