@@ -40,7 +40,7 @@ from rollout.episode import EpisodeConfig
 from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
-from rollout.trajectory import Trajectory, save_trajectories
+from rollout.trajectory import StopReason, Trajectory, save_trajectories
 from rollout.workers import WorkerSpec, start_workers
 
 MODES = ("sync", "async")
@@ -197,7 +197,7 @@ class Run:
         self.estimator, self.sink, self.progress = estimator, sink, progress
         self.state = RunState()
         self.rerun = 0
-        self.failed = 0  # episodes recorded as failed (stop reason error): their worker died too often
+        self.failed = 0  # episodes recorded as failed by the driver (worker gone too often, or it raised)
         self.name = name  # the prefix of the run's actor names
         self.store = store or self.job.store  # this driver's namespace in the store
         self.archive: WeightsArchive | None = None
@@ -237,6 +237,10 @@ class Run:
         """
         job, state = self.job, self.state
         started = time.monotonic()
+        failed = [t for t in trajectories if t.stop_reason in (StopReason.ENGINE_ERROR, StopReason.ERROR)]
+        if failed and len(failed) == len(trajectories):  # nothing ran: stop instead of "training" on it
+            raise TrainError(f"every episode of step {state.step + 1} failed; the first said: "
+                             f"{failed[0].metadata.get('error', '?')}")
         empty = [t for t in trajectories if not t.turns]  # the engine failed before a first turn
         fresh = [t for t in trajectories
                  if t.turns and state.weights_version - min(turn.weights_version for turn in t.turns)

@@ -58,9 +58,11 @@ from rollout.store import (
     SCORED,
     Claimed,
     StoreConfig,
+    StoreError,
     TrajectoryStore,
     build_store,
 )
+from rollout.episode import describe_error
 from rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -558,8 +560,11 @@ class RewardService:
             except _DEAD as error:
                 log.warning("reward worker %d died (%s); restarting its loop once Ray has restarted "
                             "it", index, type(error).__name__)
-            except Exception as error:  # the loop itself failed (the store is unreachable)
-                raise RewardServiceError(f"reward worker {index} stopped: {error}") from error
+            except Exception as error:  # the loop itself failed (the store is unreachable or lost)
+                cause = getattr(error, "cause", None)
+                if isinstance(cause, StoreError):
+                    raise cause from None  # its own message says what happened and what to do
+                raise RewardServiceError(f"reward worker {index} stopped: {describe_error(error)}") from error
             self._runs[index] = None
         for index, run in enumerate(self._runs):
             if run is None and index not in self._gone:

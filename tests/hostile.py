@@ -2,8 +2,10 @@
 ``engine.kind=tests.hostile:HostileEngine``).
 
 It is the scripted expert, except that the second turn of every sample-0 episode is one of
-:data:`HOSTILE_TURNS` (a tool call nested 1,200 deep, an escaped lone surrogate, a 100,000-character
+:data:`HOSTILE_TURNS` (a tool call nested 1,200 deep, an escaped lone surrogate, a 3,000-character
 unclosed call); the expert then carries on from the corrective observation.
+:class:`FailsThenHostileEngine` also fails the first turn of every sample-0 episode and writes the
+hostile turn in sample 1 instead; :class:`FailingEngine` fails every request.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ def _call(body: str) -> str:
 HOSTILE_TURNS = (
     _call('{"name": "search", "arguments": {"query": ' + "[" * 1200 + "]" * 1200 + "}}"),
     _call('{"name": "search", "arguments": {"query": "\\ud800 capital"}}'),
-    _call("[" * 100_000),
+    _call("[" * 3_000),  # unclosed: RecursionError in json.loads
 )
 
 
 class HostileEngine(ScriptedEngine):
+    hostile_sample = "/0"  # the affinity suffix of the episodes that get a hostile second turn
+    failing_sample = ""  # the affinity suffix of the episodes whose first turn fails ("" = none)
     @classmethod
     def from_config(cls, config: EngineConfig) -> HostileEngine:
         engine = super().from_config(config)
@@ -39,12 +43,19 @@ class HostileEngine(ScriptedEngine):
                        affinity: str | None = None) -> Generation:
         seen = self._turns_seen.get(affinity, 0)
         self._turns_seen[affinity] = seen + 1
-        if seen == 1 and affinity is not None and affinity.endswith("/0"):
+        if seen == 0 and self.failing_sample and affinity is not None and affinity.endswith(self.failing_sample):
+            raise ConnectionError("replica lost (tests.hostile)")
+        if seen == 1 and affinity is not None and affinity.endswith(self.hostile_sample):
             text = HOSTILE_TURNS[self._hostile_sent % len(HOSTILE_TURNS)]
             self._hostile_sent += 1
             ids = [*self.chat.encode(text), self.chat.turn_end_id]
-            return Generation(tuple(ids), (0.0,) * len(ids), FINISH_STOP, self._version)
+            return self._limit(ids, [0.0] * len(ids), FINISH_STOP, sampling)
         return await super().generate(prompt_ids, sampling, affinity)
+
+
+class FailsThenHostileEngine(HostileEngine):
+    hostile_sample = "/1"
+    failing_sample = "/0"
 
 
 class FailingEngine(ScriptedEngine):

@@ -217,3 +217,17 @@ def test_shared_hotpotqa_file(shared_data: Path, tmp_path: Path) -> None:
     assert write_corpus(hotpot.corpus, out) == len(hotpot.corpus)
     assert read_corpus(out) == hotpot.corpus
     assert set(json.loads(out.open(encoding="utf-8").readline())) == {"id", "title", "text", "url"}
+
+
+def test_musique_urls_do_not_depend_on_the_file(tmp_path: Path) -> None:
+    """A train and a dev file served from one corpus: a paragraph's URL is the same in both, so a
+    dev clue never lands on another paragraph of its title that the train file saw first."""
+    rows = [json.loads(line) for line in MUSIQUE.read_text().splitlines() if line.strip()]
+    alone = dict(rows[0], paragraphs=[p for p in rows[0]["paragraphs"] if p["idx"] != 1])
+    train = read_hotpotqa(write_file(tmp_path / "train.jsonl", rows), PREFIX)
+    dev = read_hotpotqa(write_file(tmp_path / "dev.jsonl", [alone]), PREFIX)
+    pages = pages_by_url(train)
+    for clue in dev.tasks[0].clues or ():
+        (url,) = clue.evidence_urls
+        assert url in pages, url
+        assert pages[url].text in {p["paragraph_text"] for p in alone["paragraphs"]}

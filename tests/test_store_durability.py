@@ -282,6 +282,7 @@ def test_passwords_are_masked_in_urls_configs_and_reprs(tmp_path: Path,
     assert without_password(f"rediss://user:{PASSWORD}@h/0") == "rediss://user:***@h/0"
     assert without_password("x redis://:a/b#c@d@h/0 y") == "x redis://:***@h/0 y"  # unescaped: all masked
     assert without_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert without_password(f"redis://h:6379/0?password={PASSWORD}&db=1") == "redis://h:6379/0?password=***&db=1"
     url = f"redis://:{PASSWORD}@127.0.0.1:6379/0"
     assert PASSWORD not in repr(StoreConfig(kind="redis", url=url))
     # OmegaConf resolves ${oc.env:...} when the config is loaded: the dump must mask it as well.

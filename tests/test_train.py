@@ -10,7 +10,7 @@ import pytest
 
 from cluster.cli import main
 from cluster.config import load_config
-from cluster.score import RewardEntry
+from cluster.score import EstimatorEntry, RewardEntry
 from cluster.train import TrainError, TrainJob, check, run_train, step_tasks
 from envs.tasks import Task
 from rollout.trajectory import load_trajectories
@@ -28,10 +28,12 @@ def test_step_tasks_walk_the_list_and_wrap() -> None:
 
 
 def test_bad_settings_are_named() -> None:
-    with pytest.raises(TrainError, match="mode='turbo'"):
-        check(TrainJob(mode="turbo"))
-    with pytest.raises(TrainError, match="steps and tasks_per_step"):
-        check(TrainJob(steps=0))
+    with pytest.raises(ValueError, match="mode='turbo'"):
+        TrainJob(mode="turbo")
+    with pytest.raises(ValueError, match="steps=0 must be >= 1"):
+        TrainJob(steps=0)
+    with pytest.raises(TrainError, match="estimator.name: unknown estimator 'nope'"):
+        check(TrainJob(estimator=EstimatorEntry(name="nope")))
 
 
 @pytest.mark.integration
@@ -124,12 +126,40 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
 
 
 @pytest.mark.integration
-def test_episodes_without_a_turn_are_counted_not_trained(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
-    # The expert knows the world of seed 0 only: on seed 3's questions its engine fails every first
-    # turn, so every sample is empty. The step runs, trains nothing, and says so.
-    job = load_config(TrainJob, EXAMPLE, [*SMALL, "steps=1", "eval_every=0", "rollout.engine.kind=scripted",
-                                          "rollout.data.seed=3", f"out={tmp_path}"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_failed_and_hostile_episodes_are_counted_not_fatal(ray_local: None, tmp_path: Path,  # noqa: ARG001
+                                                          mode: str) -> None:
+    # Sample 0 of every group fails on its first turn (an empty engine_error sample); sample 1 writes
+    # a hostile turn (nesting, a surrogate, an unclosed call). The run trains on the rest.
+    job = load_config(TrainJob, EXAMPLE, [*SMALL, "steps=1", "eval_every=1", f"mode={mode}",
+                                          "rollout.engine.kind=tests.hostile:FailsThenHostileEngine",
+                                          "rollout.episode.max_new_tokens=4096",
+                                          "rollout.episode.context_budget=200000",
+                                          "rollout.episode.env.max_turns=8", f"out={tmp_path}"])
     state = run_train(job, progress=False)
-    assert state.step == 1 and state.weights_version == 0  # no update, nothing published
+    assert state.step == 1 and state.weights_version == 1
     (metrics,) = json.loads((tmp_path / "run.json").read_text())["history"]
-    assert metrics["rollout/empty"] == 4 and metrics["rollout/stop_engine_error"] == 1.0
+    assert metrics["rollout/empty"] == 1 and metrics["rollout/stop_engine_error"] == 0.25
+    scored = load_trajectories(tmp_path / "scored" / "step0.jsonl")
+    hostile = [t.turns[1] for t in scored if t.sample == 1]
+    assert hostile and all(not turn.format_ok and turn.format_errors for turn in hostile)
+    assert load_trajectories(tmp_path / "eval" / "step1.jsonl")  # the evaluation ran on the same fleet
+
+
+@pytest.mark.integration
+def test_a_step_in_which_every_episode_fails_stops_the_run(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+    job = load_config(TrainJob, EXAMPLE, [*SMALL, "steps=1", "eval_every=0",
+                                          "rollout.engine.kind=tests.hostile:FailingEngine", f"out={tmp_path}"])
+    with pytest.raises(TrainError, match="every episode of step 1 failed; the first said: the engine failed "
+                                         "on turn 0: RuntimeError: this engine serves nothing"):
+        run_train(job, progress=False)
+
+
+@pytest.mark.integration
+def test_tasks_the_engine_cannot_serve_are_refused_at_start(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+    # The expert knows the world of seed 0 only: seed 3's questions are refused before any actor starts.
+    job = load_config(TrainJob, EXAMPLE, [*SMALL, "rollout.engine.kind=scripted", "rollout.data.seed=3",
+                                          "eval_data.seed=3", f"out={tmp_path}"])
+    with pytest.raises(ValueError, match="engine.kind=scripted .*cannot answer"):
+        run_train(job, progress=False)
+    assert not (tmp_path / "rollouts").exists()

@@ -8,10 +8,13 @@ published shape is read too: ``paragraphs[{idx, title, paragraph_text, is_suppor
 The paragraphs of all questions together make a small Wikipedia: one :class:`Document` per distinct
 paragraph, served by the corpus server at ``url_prefix + slug`` and searched by the local index. A
 paragraph seen again with the same title and text is the same page. Titles are not unique in every
-file (MuSiQue gives several paragraphs of one article, each under the article's title), so the first
-text of a title gets :func:`title_slug` (HotpotQA's titles are unique: every URL is the title's) and
-each further text under that title gets :func:`paragraph_slug`, the title's slug plus a hash of
-the text: every paragraph has its own page, and each clue points at the page that holds it.
+file (MuSiQue gives several paragraphs of one article, each under the article's title). A MuSiQue
+paragraph (``paragraph_text``) always gets :func:`paragraph_slug`, the title's slug plus a hash of
+the text, so its URL is the same in every file of the data set (a train and a dev file served from
+one corpus agree). In the HotpotQA shape the first text of a title gets :func:`title_slug`
+(HotpotQA's titles are unique: every URL is the title's) and each further text under that title its
+:func:`paragraph_slug`. Either way every paragraph has its own page, and each clue points at the page
+that holds it.
 
 How a clue is built (kept simple on purpose):
 
@@ -99,11 +102,13 @@ class _Corpus:
         self._titles: set[str] = set()
         self._slugs: set[str] = set()
 
-    def url(self, title: str, text: str) -> str:
-        """The URL of the paragraph's page, adding the page on first sight."""
+    def url(self, title: str, text: str, by_text: bool = False) -> str:
+        """The URL of the paragraph's page, adding the page on first sight; ``by_text``: always the
+        text-hash slug (MuSiQue), never the bare title's."""
         doc = self._by_content.get((title, text))
         if doc is None:
-            slug = title_slug(title) if title not in self._titles else self._new_slug(title, text)
+            by_text = by_text or title in self._titles
+            slug = self._new_slug(title, text) if by_text else title_slug(title)
             self._titles.add(title)
             self._slugs.add(slug)
             doc = Document(doc_id=slug, title=title, text=text, url=self.url_prefix + slug)
@@ -174,7 +179,7 @@ def _task(record: object, at: str, *, default_id: str, pages: _Corpus) -> Task:
             raise DatasetError(f"{at}: field 'paragraphs'[{index}] needs string 'title' and 'text' "
                                "(or MuSiQue's 'paragraph_text')")
         parsed.append(_Paragraph(paragraph["title"], text, bool(paragraph.get("is_supporting")),
-                                 pages.url(paragraph["title"], text)))
+                                 pages.url(paragraph["title"], text, by_text="text" not in paragraph)))
     supporting = [paragraph for paragraph in parsed if paragraph.supporting]
     if not supporting:
         raise DatasetError(f"{at}: no paragraph has 'is_supporting': true; a task needs its evidence")

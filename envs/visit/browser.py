@@ -123,18 +123,24 @@ class BrowserRenderer:
         async with EgressProxy(self.guard, self.config.egress) as proxy:
             # "<-loopback>" spelled out: Playwright adds it only by default (an environment
             # variable turns it off), and without it Chromium would not proxy loopback.
-            context = await browser.new_context(
-                proxy={"server": f"http://{_PROXY_NAME}:{proxy.port}", "bypass": "<-loopback>"},
-                service_workers="block")
+            try:
+                context = await browser.new_context(
+                    proxy={"server": f"http://{_PROXY_NAME}:{proxy.port}", "bypass": "<-loopback>"},
+                    service_workers="block")
+            except PlaywrightError as error:  # Chromium crashed or went away: a retryable failure
+                raise _browser_failed(url, error) from None
             try:
                 return await self._render_in(context, proxy, url)
             finally:
                 await context.close()
 
     async def _render_in(self, context: BrowserContext, proxy: EgressProxy, url: str) -> RenderedPage:
-        if self.config.skip_resource_types:
-            await context.route("**/*", self._skip_or_continue)
-        page = await context.new_page()
+        try:
+            if self.config.skip_resource_types:
+                await context.route("**/*", self._skip_or_continue)
+            page = await context.new_page()
+        except PlaywrightError as error:
+            raise _browser_failed(url, error) from None
         # host:port of main-frame navigations that failed or got a 403 naming a target: the
         # candidates; _raise_if_refused keeps those the proxy did refuse.
         failed_navigations: list[str] = []
@@ -164,9 +170,7 @@ class BrowserRenderer:
                             retryable=True) from None
         except PlaywrightError as error:
             _raise_if_refused(url, failed_navigations, proxy)
-            first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-            raise ToolError("browser", f"the browser could not load {url}: {first_line}",
-                            retryable=True) from None
+            raise _browser_failed(url, error) from None
         _raise_if_refused(url, failed_navigations, proxy)
         failure = documents[-1].headers.get(FAILED_HEADER.lower()) if documents else None
         if failure is not None:  # the proxy's own 502, not the site's page
@@ -220,3 +224,8 @@ def _raise_if_refused(url: str, navigations: list[str], proxy: EgressProxy) -> N
         if target in refused:
             raise ToolError("blocked", f"the browser refused to load {url}: the page went on to "
                                        f"{target}, and the guard {refused[target].reason}")
+
+
+def _browser_failed(url: str, error: PlaywrightError) -> ToolError:
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+    return ToolError("browser", f"the browser could not load {url}: {first_line}", retryable=True)

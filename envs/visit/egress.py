@@ -46,6 +46,15 @@ class EgressConfig:
     connect_timeout_s: float = 10.0
     idle_timeout_s: float = 30.0  # any read (head, body, tunnel) that waits longer ends the connection
     max_head_bytes: int = 65536
+    max_lookups: int = 4  # name lookups at once per proxy: a page cannot pin the worker's DNS threads
+
+    def __post_init__(self) -> None:
+        for name in ("connect_timeout_s", "idle_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be > 0")
+        for name, least in (("max_head_bytes", 1024), ("max_lookups", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= {least}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,7 @@ class EgressProxy:
         self.refusals: list[Refusal] = []
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._lookups = asyncio.Semaphore(self.config.max_lookups)
 
     @property
     def port(self) -> int:
@@ -157,6 +167,8 @@ class EgressProxy:
             await _answer(writer, reject)
         except (OSError, TimeoutError, asyncio.IncompleteReadError):
             pass  # either side went away or went quiet: nothing more to do for this connection
+        except ValueError as error:  # a request head no parser makes sense of (a broken URL)
+            await _answer(writer, _Reject(400, "Bad Request", f"unreadable request: {error}"))
         finally:
             for stream in (upstream, writer):
                 if stream is not None:
@@ -177,7 +189,12 @@ class EgressProxy:
         """Check the target with the guard and connect to an address the check returned."""
         target = authority(request.host, request.port)
         try:
-            addresses = await self.guard.check_host(request.host, request.port)
+            # Bounded in time and in number: lookups run on the worker's shared executor.
+            async with self._lookups, asyncio.timeout(self.config.connect_timeout_s):
+                addresses = await self.guard.check_host(request.host, request.port)
+        except TimeoutError:
+            raise _Reject(502, "Bad Gateway", f"resolving {target} took longer than "
+                                              f"{self.config.connect_timeout_s:g} s") from None
         except ToolError as error:
             if error.kind != "blocked":
                 raise _Reject(502, "Bad Gateway", error.message) from None

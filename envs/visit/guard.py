@@ -253,7 +253,7 @@ class SsrfGuard:
         else:
             try:
                 resolved = await self._resolve(name, port)
-            except OSError as error:
+            except (OSError, UnicodeError) as error:  # UnicodeError: an empty or over-long label
                 raise ToolError("dns", f"cannot resolve host {host!r}: {error}; check the URL's "
                                        f"spelling", retryable=True) from None
             addresses = [parse_ip_literal(text) or _unparseable(host, text) for text in resolved]

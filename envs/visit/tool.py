@@ -179,10 +179,10 @@ class VisitTool:
             return text
         try:
             rendered = await self._rendered_text(url)
-        except ToolError:
-            if text:
+        except ToolError as error:
+            if text and error.kind != "blocked":
                 return text  # the short static text beats no text
-            raise
+            raise  # a page that sends the browser into refused space is refused as a whole
         return rendered if len(rendered) > len(text) else text
 
     async def _rendered_text(self, url: str) -> str:

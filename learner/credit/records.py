@@ -115,11 +115,13 @@ def parse_trajectory(text: str, line: int) -> Trajectory:
     """
     try:
         obj = json.loads(text)
+        if isinstance(obj, dict):
+            _reject_non_finite(obj, line)
     except json.JSONDecodeError as error:
         raise CreditInputError(f"line {line}: not valid JSON ({error.msg}, column {error.colno}); "
                                f"each line must be one trajectory object") from None
-    if isinstance(obj, dict):
-        _reject_non_finite(obj, line)
+    except RecursionError:
+        raise CreditInputError(f"line {line}: nested too deeply to be a trajectory record") from None
     return trajectory_from_object(obj, line)
 
 

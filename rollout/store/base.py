@@ -26,6 +26,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 # before a space, so a password with unescaped ``@ / # ?`` is masked whole, never in part (the price:
 # a URL with an ``@`` in its path after ``host:port`` is masked too).
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:@/]*:)\S*@")
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&\s]*")  # redis-py reads ?password= too
 
 
 @dataclass
@@ -179,9 +180,10 @@ class TrajectoryStore(ABC):
 # ---- shared by the backends ----------------------------------------------------------------------
 
 def without_password(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@host`` in it replaced by
-    ``***`` (``redis://:***@host:6379/0``): for URLs in messages, logs and dumped configs."""
-    return _URL_PASSWORD.sub(r"\g<head>***@", text)
+    """``text`` with the password of every ``scheme://user:password@host`` (and every
+    ``?password=...`` query) in it replaced by ``***`` (``redis://:***@host:6379/0``): for URLs in
+    messages, logs and dumped configs."""
+    return _QUERY_PASSWORD.sub(r"\g<head>***", _URL_PASSWORD.sub(r"\g<head>***@", text))
 
 
 def check_name(what: str, name: str) -> str:
