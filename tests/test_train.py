@@ -74,8 +74,9 @@ def test_gpu_cluster_example_is_a_valid_experiment() -> None:
     from rewards.base import resolve_reward
     from rollout.engines.registry import resolve_engine
 
-    job = load_config(TrainJob, EXAMPLE.parent / "train_gpu.yaml", [])
-    check(job)  # mode, steps, estimator
+    # The example's Redis lives on the cluster: its persistence is checked there, at start.
+    job = load_config(TrainJob, EXAMPLE.parent / "train_gpu.yaml", ["store.require_durable=false"])
+    check(job)  # the estimator's and the rewards' options
     assert job.mode == "async" and job.learner.dp == 4 and job.learner.gpu is True
     assert job.rollout.fleet.engine_replicas > 1 and job.rollout.fleet.engine_gpus == 1
     assert job.rollout.engine.vllm.weight_sync == "checkpoint" and job.store.kind == "redis"
@@ -137,7 +138,7 @@ def test_failed_and_hostile_episodes_are_counted_not_fatal(ray_local: None, tmp_
                                           "rollout.episode.context_budget=200000",
                                           "rollout.episode.env.max_turns=8", f"out={tmp_path}"])
     state = run_train(job, progress=False)
-    assert state.step == 1 and state.weights_version == 1
+    assert state.step == 1  # (an update needs signal: the expert's other samples may all be right)
     (metrics,) = json.loads((tmp_path / "run.json").read_text())["history"]
     assert metrics["rollout/empty"] == 1 and metrics["rollout/stop_engine_error"] == 0.25
     scored = load_trajectories(tmp_path / "scored" / "step0.jsonl")
@@ -157,9 +158,10 @@ def test_a_step_in_which_every_episode_fails_stops_the_run(ray_local: None, tmp_
 
 @pytest.mark.integration
 def test_tasks_the_engine_cannot_serve_are_refused_at_start(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
-    # The expert knows the world of seed 0 only: seed 3's questions are refused before any actor starts.
+    # The corpus and the expert know the world of seed 0 only: seed 3's questions (their clue pages
+    # absent from the corpus) are refused before any actor starts.
     job = load_config(TrainJob, EXAMPLE, [*SMALL, "rollout.engine.kind=scripted", "rollout.data.seed=3",
                                           "eval_data.seed=3", f"out={tmp_path}"])
-    with pytest.raises(ValueError, match="engine.kind=scripted .*cannot answer"):
+    with pytest.raises(ValueError, match=r"\d+ of \d+ tasks have clue pages the corpus .* does not serve"):
         run_train(job, progress=False)
     assert not (tmp_path / "rollouts").exists()
