@@ -156,6 +156,16 @@ def serve_corpus(corpus: CorpusConfig) -> Iterator[CorpusConfig]:
         yield replace(corpus, base_url=base)
 
 
+def episode_raised(episode: tuple[Task, str, int], error: Exception) -> Trajectory:
+    """What a driver records for an episode whose call raised (not a dead worker): a failed
+    trajectory, unless the store lost the run's data, which stops the run with its own message."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, StoreDataLostError):
+        raise cause from None
+    log.error("episode %s/%d failed: %s", episode[1], episode[2], describe_error(error))
+    return failed_trajectory(episode, describe_error(error))
+
+
 def failed_trajectory(episode: tuple[Task, str, int], error: str) -> Trajectory:
     """The record of an episode that produced no trajectory of its own: stop reason ``error``."""
     task, uid, sample = episode
@@ -229,11 +239,8 @@ def collect(workers: list[ray.actor.ActorHandle], episodes: list[tuple[Task, str
                     bar.update(1)
                 continue
             except Exception as error:  # noqa: BLE001 - one episode's failure must not end the run
-                if isinstance(getattr(error, "cause", None), StoreDataLostError):
-                    raise error.cause from None  # the store lost the run's data: stop with its message
-                log.error("episode %s/%d failed: %s", episode[1], episode[2], describe_error(error))
+                trajectory = episode_raised(episode, error)
                 failed += 1
-                trajectory = failed_trajectory(episode, describe_error(error))
             write_trajectory(trajectory, sink)
             sink.flush()
             done.append(trajectory)

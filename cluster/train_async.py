@@ -28,10 +28,9 @@ from typing import TYPE_CHECKING
 import ray
 from ray.exceptions import RayActorError
 
-from cluster.rollout import failed_trajectory
+from cluster.rollout import episode_raised, failed_trajectory
 from rewards.service import RewardService
-from rollout.episode import describe_error
-from rollout.store import FINISHED, StoreDataLostError, build_store
+from rollout.store import FINISHED, build_store
 from rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -84,10 +83,7 @@ async def async_loop(run: Run) -> None:
                                                                 f"running it ({type(error).__name__})")
                         run.failed += 1
                     except Exception as error:  # noqa: BLE001 - one episode's failure must not end the run
-                        if isinstance(getattr(error, "cause", None), StoreDataLostError):
-                            raise error.cause from None  # the store lost the run's data: stop with its message
-                        log.error("episode %s/%d failed: %s", episode[1], episode[2], describe_error(error))
-                        trajectory = failed_trajectory(episode, describe_error(error))
+                        trajectory = episode_raised(episode, error)
                         run.failed += 1
                     await store.put(FINISHED, f"{trajectory.uid}/{trajectory.sample}", trajectory.to_json())
                     state.accepted += 1
