@@ -32,6 +32,8 @@ def run(mode: str, args: argparse.Namespace, out: Path) -> tuple[float, int, dic
         f"mode={mode}", f"steps={args.steps}", f"tasks_per_step={args.tasks_per_step}",
         f"rollout.group_size={args.group_size}", "rollout.engine.kind=scripted",
         "rollout.data.limit=40", "rollout.data.shuffle=true",  # data.seed is the world's: the expert knows seed 0
+        # the synthetic world's full mix (2-8 hops, 15% aggregations), not the default's short questions
+        "rollout.data.options={min_hops: 2, max_hops: 8, aggregation_fraction: 0.15, count: 200}",
         "rollout.episode.context_budget=400000", "rollout.episode.max_new_tokens=512",
         "rollout.episode.env.max_turns=200", "rollout.fleet.episodes_per_worker=16",
         "eval_every=0", "checkpoint_every=0", f"staleness={args.staleness}",

@@ -67,6 +67,38 @@ def is_correct(trajectory: Trajectory) -> bool:
     return trajectory.answered and answer_matches(trajectory.answer, trajectory.answers)
 
 
+Z95 = 1.959964  # the two-sided 95% normal quantile
+
+
+def wilson_interval(successes: int, trials: int) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion (well-behaved at 0, 1 and small counts)."""
+    if trials <= 0:
+        return 0.0, 1.0
+    p, z2 = successes / trials, Z95 * Z95
+    centre = (p + z2 / (2 * trials)) / (1 + z2 / trials)
+    half = Z95 * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[float, float, float]:
+    """Mean of ``after - before`` over paired items (the same held-out tasks) and its 95% interval
+    (normal approximation with the sample standard deviation of the differences)."""
+    if len(before) != len(after) or not before:
+        raise ValueError("paired_difference needs two equally long, non-empty sequences")
+    diffs = [b - a for a, b in zip(before, after, strict=True)]
+    mean = sum(diffs) / len(diffs)
+    spread = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5 if len(diffs) > 1 else 0.0
+    half = Z95 * spread / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half
+
+
+def browse_ratio(trajectories: Sequence[Trajectory]) -> float:
+    """The share of tool calls that read a page (``visit``) rather than search (DR-Venus' browse
+    ratio); 0 without tool calls."""
+    tools = [turn.tool for trajectory in trajectories for turn in trajectory.turns if turn.tool]
+    return sum(tool == "visit" for tool in tools) / len(tools) if tools else 0.0
+
+
 def step_metrics(trajectories: Sequence[Trajectory], *, wall_s: float,
                  report: StepReport | None = None, timings: Mapping[str, float] | None = None,
                  current_version: int | None = None, dropped: int = 0) -> dict[str, float]:
@@ -189,7 +221,7 @@ class MetricsSink:
         if self._closed:
             raise MetricsError("this MetricsSink is closed: log before calling close()")
         values = self._finite({**{f"queue/{s}": d for s, d in self._queue_depths.items()}, **metrics})
-        if self.config.console:
+        if self.config.console and "reward/mean" in values:  # an evaluation alone prints its own line
             print(render(values, step), flush=True)
         if self._writer is not None:
             for key, value in values.items():
@@ -342,6 +374,10 @@ def render(metrics: Mapping[str, float], step: int) -> str:
                                      + [f"step {show('time/step_s', '.1f')}s"]))
     learner = [f"{name} {show('learner/' + name)}" for name in ("loss", "grad_norm", "kl_loss")
                if f"learner/{name}" in metrics]
+    if "learner/mismatch/ratio_mean" in metrics:  # engine vs learner log-probs on the same tokens
+        learner.append(f"ratio {show('learner/mismatch/ratio_mean', '.3f')} (max "
+                       f"{show('learner/mismatch/ratio_max', '.3g')}, clipped "
+                       f"{show('learner/mismatch/clipped', '.1f', 100, '%')})")
     if "learner/downsample_dropped" in metrics:
         learner.append(f"downsampled -{show('learner/downsample_dropped', '.0f')}")
     if learner:

@@ -92,6 +92,7 @@ def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> Rollout
     started = time.monotonic()
     init_ray(cfg.ray)
     model = resolve_model(cfg.engine.model)  # build the default model once, before the actors
+    cfg = replace(cfg, engine=expert_engine(cfg.engine, cfg.data))
     with serve_corpus(cfg.corpus) as corpus:
         tasks = load_tasks(replace(cfg.data, url_prefix=cfg.data.url_prefix or corpus.base_url + PAGE_PREFIX))
         if not tasks:
@@ -122,6 +123,14 @@ def init_ray(cfg: RayConfig) -> None:
     joining = bool(cfg.address or os.environ.get("RAY_ADDRESS"))
     ray.init(address=cfg.address or None, num_cpus=None if joining else cfg.num_cpus,
              include_dashboard=False if not joining else None, log_to_driver=True, configure_logging=False)
+
+
+def expert_engine(engine: EngineConfig, data: DatasetConfig) -> EngineConfig:
+    """The engine config with the scripted expert told which synthetic questions it answers: the
+    data's own options, unless ``engine.scripted.questions`` says otherwise."""
+    if data.kind != "synthetic" or engine.scripted.questions or not data.options:
+        return engine
+    return replace(engine, scripted=replace(engine.scripted, questions=dict(data.options)))
 
 
 def check_servable(tasks: list[Task], corpus: CorpusConfig, engine: EngineConfig) -> None:

@@ -21,12 +21,28 @@ from pathlib import Path
 
 import ray
 
-from cluster.metrics import MetricsConfig, MetricsSink, step_metrics
-from cluster.rollout import RayConfig, RolloutConfig, check_servable, collect, init_ray, serve_corpus
+from cluster.metrics import (
+    MetricsConfig,
+    MetricsSink,
+    browse_ratio,
+    is_correct,
+    paired_difference,
+    step_metrics,
+    wilson_interval,
+)
+from cluster.rollout import (
+    RayConfig,
+    RolloutConfig,
+    check_servable,
+    collect,
+    expert_engine,
+    init_ray,
+    serve_corpus,
+)
 from cluster.score import EstimatorEntry, RewardEntry, find_tasks, run_plugins
+from cluster.warm_start import DEFAULT_TASKS, default_episode
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
-from envs.env import EnvConfig
 from envs.tasks import Task
 from learner.credit import build_estimator, estimator_class
 from learner.credit.registry import Estimator
@@ -36,11 +52,10 @@ from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rewards.base import RewardSpec, build_reward, parse_options, resolve_reward
 from rewards.service import RewardServiceConfig
-from rollout.episode import EpisodeConfig
 from rollout.fleet import EngineRouter, start_engines
-from rollout.model_store import resolve_model
+from rollout.model_store import WARM_MODEL, resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
-from rollout.trajectory import StopReason, Trajectory, save_trajectories
+from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
 from rollout.workers import WorkerSpec, start_workers
 
 MODES = ("sync", "async")
@@ -48,11 +63,14 @@ IG_REWARD = "information_gain"
 
 
 def _default_rollout() -> RolloutConfig:
-    """The embedded default (as examples/train.yaml): synthetic world, tiny model on vLLM, short turns."""
+    """The embedded default (as examples/train.yaml): synthetic questions of one or two pages, the
+    warm start on vLLM, the expert's episode settings."""
     rollout = RolloutConfig()
-    rollout.data = DatasetConfig(kind="synthetic", path="", split="train")
-    rollout.fleet.episodes_per_worker = 8
-    rollout.episode = EpisodeConfig(max_new_tokens=96, context_budget=3072, env=EnvConfig(max_turns=8))
+    rollout.data = DatasetConfig(kind="synthetic", path="", split="train", options=dict(DEFAULT_TASKS))
+    rollout.group_size = 8
+    rollout.engine.model = WARM_MODEL
+    rollout.fleet.episodes_per_worker = 16
+    rollout.episode = default_episode()
     rollout.ray = RayConfig(num_cpus=4)
     return rollout
 
@@ -62,17 +80,17 @@ class TrainJob:
     mode: str = "sync"  # sync | async (see cluster/train_async.py)
     name: str = ""  # prefix of the run's Ray actor names (<name>-worker-0, -engine-0, -reward-0); "" = random
     staleness: int = 1  # η: async rollout runs at most this many versions ahead; older samples drop
-    steps: int = 4
-    tasks_per_step: int = 2  # tasks per step; each gets rollout.group_size samples
+    steps: int = 10
+    tasks_per_step: int = 4  # tasks per step; each gets rollout.group_size samples
     rollout: RolloutConfig = field(default_factory=_default_rollout)  # data, engine, fleet, episode, ...
-    eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(kind="synthetic", path="",
-                                                                           split="eval", limit=4))
+    eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
+        kind="synthetic", path="", split="eval", limit=64, options=dict(DEFAULT_TASKS)))
     rewards: list[RewardEntry] = field(default_factory=lambda: [RewardEntry("exact_match"),
                                                                 RewardEntry("format")])
     estimator: EstimatorEntry = field(default_factory=lambda: EstimatorEntry(name="grpo"))
-    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(mini_batch=4, micro_batch=2,
-                                                                         lr=1e-4, max_length=4096))
-    eval_every: int = 2  # 0 = no evaluation during training
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(mini_batch=32, micro_batch=1,
+                                                                         lr=5e-4, max_length=4096))
+    eval_every: int = 10  # evaluate before the first update, every N steps and after the last; 0 = never
     checkpoint_every: int = 1
     out: str = "runs/train"
     resume: bool = False
@@ -136,6 +154,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
     out.mkdir(parents=True, exist_ok=True)
     init_ray(job.rollout.ray)
     model = resolve_model(job.rollout.engine.model or job.learner.model)
+    job = replace(job, rollout=replace(job.rollout, engine=expert_engine(job.rollout.engine, job.rollout.data)))
     estimator = build_estimator(job.estimator.name, parse_options(
         estimator_class(job.estimator.name).Options, job.estimator.options,
         f"estimator {job.estimator.name!r}"))
@@ -171,6 +190,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
         try:
             run.learner.start()
             run.resume_if_asked()
+            run.evaluate_before()
             if job.mode == "sync":
                 run.sync_loop()
             else:
@@ -182,6 +202,8 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
             run.learner.close()
             for actor in [*workers, *engines]:
                 ray.kill(actor)
+    if line := learning_line(out, run.state):
+        print(line)
     return run.state
 
 
@@ -271,14 +293,31 @@ class Run:
                         "staleness/dropped_total": float(state.dropped_stale),
                         "rollout/empty": float(len(empty)),
                         "weights/version": float(state.weights_version), **(extra or {})})
-        if job.eval_every and state.step % job.eval_every == 0:
-            metrics.update(_evaluate(job, self.workers, self.eval_tasks, state.step, self.out, self.progress))
-            print(f"eval @ step {state.step}: accuracy {metrics['eval/accuracy']:.1%}, "
-                  f"format {metrics['eval/format_rate']:.1%}")
+        if job.eval_every and (state.step % job.eval_every == 0 or state.step == job.steps):
+            metrics.update(self.evaluate(state.step))
         state.history.append({"step": float(state.step), **self.sink.log(metrics, state.step)})
         if job.checkpoint_every and state.step % job.checkpoint_every == 0:
             self.learner.save(self.out / "checkpoint")
             _save_state(self.out, state)
+
+    def evaluate_before(self) -> None:
+        """The step-0 evaluation (the policy before any update), once per run: a resumed run that
+        has it in its history does not repeat it."""
+        if not self.job.eval_every or any(row.get("step") == 0.0 for row in self.state.history):
+            return
+        metrics = self.evaluate(0)
+        self.state.history.append({"step": 0.0, **self.sink.log(metrics, 0)})
+        _save_state(self.out, self.state)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """One sample per held-out task on the current weights (see :func:`_evaluate`), printed."""
+        if not self.eval_tasks:
+            return {}
+        metrics = _evaluate(self.job, self.workers, self.eval_tasks, step, self.out, self.progress)
+        print(f"eval @ step {step}: accuracy {metrics['eval/accuracy']:.1%} (95% interval "
+              f"{metrics['eval/accuracy_low']:.1%}-{metrics['eval/accuracy_high']:.1%}, "
+              f"{metrics['eval/episodes']:.0f} episodes), format {metrics['eval/format_rate']:.1%}")
+        return metrics
 
     async def publish(self, version: int) -> None:
         """The learner's weights to every engine replica, as ``engine.vllm.weight_sync`` says:
@@ -311,15 +350,46 @@ class Run:
 
 def _evaluate(job: TrainJob, workers: list, tasks: list[Task], step: int, out: Path,
               progress: bool) -> dict[str, float]:
-    """One sample per held-out task on the current weights: accuracy and format rate."""
+    """One sample per held-out task on the current weights (the rollout's sampling settings):
+    accuracy with its 95% Wilson interval, format rate, turns and browse ratio; the trajectories go
+    to ``out/eval/step<N>.jsonl``."""
     episodes = [(task, f"eval{step}-{task.id}", 0) for task in tasks]
     trajectories, _, _ = collect(workers, episodes, job.rollout.fleet, out / "eval" / f"step{step}.jsonl",
                                  progress)
-    from envs.answers import answer_matches
-
-    correct = sum(bool(t.answer) and answer_matches(t.answer, t.answers) for t in trajectories)
+    correct = sum(is_correct(t) for t in trajectories)
+    low, high = wilson_interval(correct, len(trajectories))
     share, _ = well_formed_share(trajectories)
-    return {"eval/accuracy": correct / max(len(trajectories), 1), "eval/format_rate": share}
+    return {"eval/accuracy": correct / max(len(trajectories), 1), "eval/accuracy_low": low,
+            "eval/accuracy_high": high, "eval/format_rate": share, "eval/episodes": float(len(trajectories)),
+            "eval/turns_mean": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
+            "eval/browse_ratio": browse_ratio(trajectories)}
+
+
+def learning_line(out: Path, state: RunState) -> str:
+    """The run's before → after on the held-out tasks: accuracy (with the 95% interval of the paired
+    difference over the same tasks) and format rate; "" without a step-0 and a later evaluation."""
+    rows = {int(row["step"]): row for row in state.history if "eval/accuracy" in row}
+    if 0 not in rows or len(rows) < 2:
+        return ""
+    last = max(rows)
+    before, after = _correct_by_task(out / "eval" / "step0.jsonl"), _correct_by_task(
+        out / "eval" / f"step{last}.jsonl")
+    shared = sorted(set(before) & set(after))
+    interval = ""
+    if shared:
+        mean, low, high = paired_difference([before[k] for k in shared], [after[k] for k in shared])
+        interval = (f" ({mean * 100:+.1f} points, 95% interval {low * 100:+.1f} to {high * 100:+.1f} "
+                    f"over {len(shared)} tasks)")
+    first, end = rows[0], rows[last]
+    return (f"held-out accuracy {first['eval/accuracy']:.1%} -> {end['eval/accuracy']:.1%}{interval}, "
+            f"format {first['eval/format_rate']:.1%} -> {end['eval/format_rate']:.1%} "
+            f"(step 0 -> {last})")
+
+
+def _correct_by_task(path: Path) -> dict[str, float]:
+    if not path.is_file():
+        return {}
+    return {t.task_id: float(is_correct(t)) for t in load_trajectories(path)}
 
 
 async def _score(job: TrainJob, specs: list[RewardSpec], trajectories: list[Trajectory]) -> None:

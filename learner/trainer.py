@@ -229,7 +229,8 @@ class Learner:
 
     def _policy_loss(self) -> Any:  # noqa: ANN401
         from verl.workers.config import ActorConfig
-        from verl.workers.utils.losses import ppo_loss
+
+        from learner.verl_workers import ppo_loss_with_mismatch
 
         c = self.config
         actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_mini_batch_size=c.mini_batch,
@@ -238,7 +239,7 @@ class Learner:
                             entropy_coeff=c.entropy_coeff, use_kl_loss=c.kl_coef > 0,
                             kl_loss_coef=c.kl_coef, kl_loss_type=c.kl_type,
                             policy_loss={"loss_mode": c.loss})
-        return partial(ppo_loss, config=actor)
+        return partial(ppo_loss_with_mismatch, actor)
 
     # -- updates -------------------------------------------------------------------------------
     def rl_step(self, trajectories: Sequence[Trajectory], estimator: Estimator, *,
@@ -390,13 +391,14 @@ def _pad_token_id(model_path: str) -> int:
 
 
 def _flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """veRL returns lists per mini-batch (and Metric objects): the mean of each, as floats."""
+    """veRL returns lists per mini-batch (and Metric objects): the mean of each (the largest for a
+    ``*_max`` key), as floats."""
     flat: dict[str, float] = {}
     for key, value in metrics.items():
         values = value if isinstance(value, list) else [value]
         numbers = [float(getattr(v, "value", v)) for v in values if _is_number(getattr(v, "value", v))]
         if numbers:
-            flat[key] = sum(numbers) / len(numbers)
+            flat[key] = max(numbers) if key.endswith("_max") else sum(numbers) / len(numbers)
     return flat
 
 

@@ -55,3 +55,29 @@ def weighted_sft_loss(config: Any, model_output: TensorDict, data: TensorDict,  
                "sft/weight_mean": Metric(value=((weights * mask).sum() * scale).item(),
                                          aggregation=AggregationType.SUM)}
     return loss, metrics
+
+
+def ppo_loss_with_mismatch(config: Any, model_output: TensorDict, data: TensorDict,  # noqa: ANN401
+                           dp_group: object = None) -> tuple[torch.Tensor, dict[str, Any]]:
+    """veRL's ``ppo_loss``, plus the importance ratio between the learner's log-probs and the old
+    policy's on the same response tokens: ``mismatch/ratio_mean``, ``mismatch/ratio_max`` and
+    ``mismatch/clipped`` (the share of tokens outside the clip range).
+
+    With the rollout's own log-probs as the old policy (``recompute_old_log_probs=false``, the
+    default), the ratio of a step's first mini-batch is the train/inference mismatch the seeds' systems
+    watch: the same weights, two implementations. Later mini-batches add the step's own updates.
+    """
+    from verl.workers.utils.losses import ppo_loss
+
+    loss, metrics = ppo_loss(config, model_output, data, dp_group)
+    log_prob = no_padding_2_padding(model_output["log_probs"], data).detach()
+    fields = data.select("response_mask", "old_log_probs").to_padded_tensor()
+    mask = fields["response_mask"].to(torch.bool)
+    if mask.any():
+        ratio = torch.exp(log_prob - fields["old_log_probs"].to(log_prob.dtype))[mask]
+        outside = (ratio < 1 - config.clip_ratio_low) | (ratio > 1 + config.clip_ratio_high)
+        metrics["mismatch/ratio_mean"] = Metric(value=ratio.mean().item(), aggregation=AggregationType.MEAN)
+        metrics["mismatch/ratio_max"] = Metric(value=ratio.max().item(), aggregation=AggregationType.MAX)
+        metrics["mismatch/clipped"] = Metric(value=outside.float().mean().item(),
+                                             aggregation=AggregationType.MEAN)
+    return loss, metrics

@@ -9,6 +9,11 @@ Any Hugging Face model directory (or hub name on a real cluster) works in its pl
 
 Build it explicitly with ``turnstile build-model``; :func:`ensure_default_model` builds it on first
 use, under a file lock so concurrent workers don't race.
+
+Two models are known by name (:func:`resolve_model`): ``tiny-qwen3``, the random-weight model above
+(also what an empty ``model`` means), and ``tiny-qwen3-sft``, the warm start of the embedded default
+``turnstile train`` — the same model after SFT on the scripted expert (:mod:`cluster.warm_start`),
+committed under ``rollout/models/`` because its recipe takes longer than a first run may.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 BUILD_INFO = "turnstile-model.json"
+RANDOM_MODEL = "tiny-qwen3"  # the random-weight tiny model, built on first use
+WARM_MODEL = "tiny-qwen3-sft"  # the warm start, committed (see cluster.warm_start)
+COMMITTED = Path(__file__).resolve().parent / "models"
 
 
 @dataclass(frozen=True)
@@ -82,8 +90,23 @@ def ensure_default_model(spec: TinyModelSpec | None = None) -> Path:
 
 
 def resolve_model(model: str) -> str:
-    """A config's ``model`` value as a path or hub name: "" means the default tiny model."""
-    return model or str(ensure_default_model())
+    """A config's ``model`` value as a path or hub name: "" and ``tiny-qwen3`` mean the random tiny
+    model (built on first use), ``tiny-qwen3-sft`` the committed warm start; anything else is a
+    model directory or hub name, returned as given."""
+    if model in ("", RANDOM_MODEL):
+        return str(ensure_default_model())
+    if model == WARM_MODEL:
+        return str(warm_model_path())
+    return model
+
+
+def warm_model_path() -> Path:
+    """The committed warm start's directory (a complete Hugging Face model directory)."""
+    path = COMMITTED / WARM_MODEL
+    if not (path / BUILD_INFO).is_file():
+        raise FileNotFoundError(f"{path} holds no {BUILD_INFO}: the warm start is missing from this "
+                                f"checkout; rebuild it with `turnstile build-model {WARM_MODEL} --out {path}`")
+    return path
 
 
 def build_tiny_model(target: Path, spec: TinyModelSpec | None = None, force: bool = False) -> Path:

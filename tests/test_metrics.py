@@ -277,3 +277,16 @@ def test_ray_metrics_with_ray(ray_local: None, monkeypatch: pytest.MonkeyPatch) 
     assert [c for c in spy.calls if c[0] == "inc"] == [("inc", "turnstile_turns", 7.0, None),
                                                       ("inc", "turnstile_episodes", 4.0, None)]
     assert sink.skipped == 1
+
+
+def test_wilson_interval_and_paired_difference() -> None:
+    from cluster.metrics import paired_difference, wilson_interval
+
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    mean, low, high = paired_difference([0, 0, 1, 1], [1, 1, 1, 0])
+    assert mean == pytest.approx(0.25) and high - mean == pytest.approx(mean - low)
+    assert high - mean == pytest.approx(1.959964 * (2.75 / 3) ** 0.5 / 2)
+    with pytest.raises(ValueError, match="equally long"):
+        paired_difference([1], [1, 0])

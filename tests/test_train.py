@@ -44,6 +44,8 @@ def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: P
     printed = capsys.readouterr().out
     assert state.step == 2 and state.weights_version == 2
     assert "step 1 | reward" in printed and "step 2 | reward" in printed and "eval @ step 2" in printed
+    assert "eval @ step 0" in printed  # the policy before its first update
+    assert "held-out accuracy" in printed.splitlines()[-1]  # before -> after, the run's last line
     first = load_trajectories(tmp_path / "rollouts" / "step0.jsonl")
     second = load_trajectories(tmp_path / "rollouts" / "step1.jsonl")
     assert len(first) == len(second) == 4
@@ -61,9 +63,13 @@ def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: P
     assert "resumed at step 2 (weights version 2)" in printed
     assert "step 3 | reward" in printed and "step 1 | reward" not in printed and "step 2 | reward" not in printed
     assert resumed.step == 3 and resumed.weights_version == 3
+    assert "eval @ step 0" not in printed  # a resumed run does not measure its start again
     history = json.loads((tmp_path / "run.json").read_text())["history"]
-    assert [int(m["step"]) for m in history] == [1, 2, 3]
-    assert all("format/ok_rate" in m and "time/rollout_s" in m and "learner/loss" in m for m in history)
+    assert [int(m["step"]) for m in history] == [0, 1, 2, 3]
+    assert history[0]["eval/episodes"] == 1 and 0.0 <= history[0]["eval/accuracy"] <= 1.0
+    assert "eval/accuracy_low" in history[0] and "eval/format_rate" in history[0]
+    assert "eval/accuracy" in history[2] and "eval/accuracy" in history[3]  # every 2 steps, and the last
+    assert all("format/ok_rate" in m and "time/rollout_s" in m and "learner/loss" in m for m in history[1:])
     assert (tmp_path / "tensorboard").is_dir() and any((tmp_path / "tensorboard").iterdir())
     third = load_trajectories(tmp_path / "rollouts" / "step2.jsonl")
     assert {turn.weights_version for t in third for turn in t.turns} == {2}
@@ -139,7 +145,7 @@ def test_failed_and_hostile_episodes_are_counted_not_fatal(ray_local: None, tmp_
                                           "rollout.episode.env.max_turns=8", f"out={tmp_path}"])
     state = run_train(job, progress=False)
     assert state.step == 1  # (an update needs signal: the expert's other samples may all be right)
-    (metrics,) = json.loads((tmp_path / "run.json").read_text())["history"]
+    metrics = json.loads((tmp_path / "run.json").read_text())["history"][-1]
     assert metrics["rollout/empty"] == 1 and metrics["rollout/stop_engine_error"] == 0.25
     scored = load_trajectories(tmp_path / "scored" / "step0.jsonl")
     hostile = [t.turns[1] for t in scored if t.sample == 1]

@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import random
 from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 
@@ -49,6 +50,8 @@ class DatasetConfig:
     url_prefix: where the corpus server serves pages; required by ``hotpotqa``.
     expected_count: for benchmarks, the number of questions the file must hold; ``None`` means the
         published count.
+    options: the kind's own settings, refused by the loader when it does not know one (``synthetic``:
+        the fields of :class:`envs.synthetic.questions.QuestionConfig`, e.g. ``{max_hops: 1}``).
     """
 
     kind: str
@@ -61,6 +64,7 @@ class DatasetConfig:
     field_map: dict[str, str] = field(default_factory=dict)
     url_prefix: str = ""
     expected_count: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def register_dataset(name: str) -> Callable[[Loader], Loader]:

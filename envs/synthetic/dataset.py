@@ -1,23 +1,57 @@
 """The ``synthetic`` dataset kind: questions about the procedurally generated world.
 
-``DatasetConfig(kind="synthetic", path="", seed=S, limit=N, url_prefix=PREFIX)`` gives the first N
-questions (200 when ``limit`` is unset) of the world of seed S, with evidence URLs under ``PREFIX``,
-the page prefix of the corpus server serving that world (``http://host:port/wiki/``, as for every
-served corpus). ``path`` is not used. The kind is found through the ``turnstile.datasets`` entry point.
+``DatasetConfig(kind="synthetic", path="", seed=S, limit=N, url_prefix=PREFIX, options={...})`` gives
+the first N questions (200 when ``limit`` is unset) of the world of seed S, with evidence URLs under
+``PREFIX``, the page prefix of the corpus server serving that world (``http://host:port/wiki/``, as
+for every served corpus). ``options`` sets the question mix: any field of
+:class:`~envs.synthetic.questions.QuestionConfig` but ``seed`` (``count`` questions before the
+split, ``min_hops``, ``max_hops``, ``aggregation_fraction``, ``entity_answer_fraction``, ...); an unknown one is an error
+naming the known ones. ``path`` is not used. The kind is found through the ``turnstile.datasets``
+entry point.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from envs.corpus_server import PAGE_PREFIX
+from envs.datasets.generic import DatasetError
 from envs.datasets.registry import DatasetConfig, register_dataset
 from envs.synthetic.questions import QuestionConfig, load_synthetic_tasks
 from envs.tasks import Task
 
+FIXED = ("seed",)  # the dataset config's own seed
+
+
+def question_config(options: dict[str, object]) -> QuestionConfig:
+    """The question mix ``options`` asks for, over the defaults (DatasetError when it cannot be)."""
+    known = [f.name for f in dataclasses.fields(QuestionConfig) if f.name not in FIXED]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise DatasetError(f"synthetic dataset: unknown option {unknown[0]!r}; the options are: "
+                           f"{', '.join(known)}")
+    defaults = QuestionConfig()
+    values = {}
+    for name, value in options.items():
+        default = getattr(defaults, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(default, int) and not isinstance(value, int)):
+            raise DatasetError(f"synthetic dataset: option {name}={value!r} must be a "
+                               f"{type(default).__name__}")
+        values[name] = type(default)(value)
+    config = dataclasses.replace(defaults, **values)
+    try:
+        config.validate()
+    except ValueError as error:
+        raise DatasetError(f"synthetic dataset: {error}") from None
+    return config
+
 
 @register_dataset("synthetic")
 def load_synthetic(cfg: DatasetConfig) -> list[Task]:
+    questions = question_config(dict(cfg.options))
     # With a split, the limit applies after it (load_tasks): generate the whole question set so the
     # split has its share of it (questions are prefix-stable, so ids do not depend on the count).
-    count = cfg.limit if cfg.limit and cfg.split == "all" else QuestionConfig().count
+    count = cfg.limit if cfg.limit and cfg.split == "all" else questions.count
     base_url = cfg.url_prefix.removesuffix(PAGE_PREFIX).rstrip("/")
-    return load_synthetic_tasks(seed=cfg.seed, n=count, base_url=base_url)
+    return load_synthetic_tasks(seed=cfg.seed, n=count, base_url=base_url, questions=questions)

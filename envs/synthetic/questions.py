@@ -2,8 +2,9 @@
 
 Two families, both checked for a unique answer when generated (a candidate that fails is resampled):
 
-- *chain* questions follow 2–8 functional relations from a named start entity and ask for an
-  attribute of (or the name of) the entity reached: "What is the birth year of the founder of the
+- *chain* questions follow 2–8 functional relations (``min_hops``/``max_hops``; 0 asks about the
+  start itself) from a named start entity and ask for an attribute of (or the name of) the entity
+  reached: "What is the birth year of the founder of the
   publisher of the novel "The Hollow Atlas"?". Each hop is one page to read.
 - *aggregation* questions ask about every member of a hub organisation ("How many members of
   Quorin Society were born before 1950?"), so a solver reads 50–90 member pages: 100+ tool calls.
@@ -44,8 +45,8 @@ class QuestionConfig:
     max_attempts: int = 200  # per question, before giving up with an error
 
     def validate(self) -> None:
-        if not 1 <= self.min_hops <= self.max_hops:
-            raise ValueError("questions.min_hops must be >= 1 and <= questions.max_hops")
+        if not 0 <= self.min_hops <= self.max_hops:
+            raise ValueError("questions.min_hops must be >= 0 and <= questions.max_hops")
         if not 0.0 <= self.aggregation_fraction <= 1.0:
             raise ValueError("questions.aggregation_fraction must lie in [0, 1]")
 
@@ -162,7 +163,7 @@ class _TaskBuilder:
                               "bridge", (self.url(source),), (target.name,)))
         end = visited[-1]
         attribute: schema.AttributeSpec | None = None
-        if rng.random() < cfg.entity_answer_fraction:
+        if hops and rng.random() < cfg.entity_answer_fraction:  # 0 hops: an attribute of the start
             question = f"What is the name of {phrase}?"
             answers: tuple[str, ...] = (end.name,)
             clues[-1] = Clue(clues[-1].id, clues[-1].text, "answer", clues[-1].evidence_urls,

@@ -6,6 +6,7 @@ Kept apart from the engines so reading a config never imports vLLM or torch mode
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -41,6 +42,7 @@ class ScriptedEngineConfig:
     report: bool = False  # write a <report> block (iter_research protocol)
     world_seed: int = 0
     world_entities: int = 3000
+    questions: dict[str, Any] = field(default_factory=dict)  # the synthetic data's options (data.options)
 
 
 @dataclass

@@ -28,13 +28,14 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from envs.protocol import REPORT_CLOSE, REPORT_OPEN, THINK_CLOSE, parse_turn
+from envs.synthetic.dataset import question_config
 from envs.synthetic.expert import ScriptedExpert
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.world import WorldConfig, generate_world
 from envs.tasks import Task
 from rollout.chat import ChatFormat
 from rollout.engines.base import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
-from rollout.engines.config import EngineConfig
+from rollout.engines.config import EngineConfig, ScriptedEngineConfig
 from rollout.trajectory import Trajectory, Turn, load_trajectories
 
 MAX_OPEN_EPISODES = 10_000  # episodes abandoned mid-way (timeouts) are forgotten beyond this
@@ -108,7 +109,7 @@ class ScriptedEngine:
         if scripted.mode == "expert":
             world = generate_world(WorldConfig(seed=scripted.world_seed,
                                                entities=scripted.world_entities))
-            return cls(chat, tasks=generate_tasks(world, QuestionConfig()), report=scripted.report)
+            return cls(chat, tasks=generate_tasks(world, _questions(scripted)), report=scripted.report)
         if scripted.mode == "replay":
             if not scripted.replay_path:
                 raise ValueError("engine.scripted.mode=replay needs engine.scripted.replay_path (a "
@@ -123,8 +124,9 @@ class ScriptedEngine:
         scripted = config.scripted
         if scripted.mode == "expert":
             world = generate_world(WorldConfig(seed=scripted.world_seed, entities=scripted.world_entities))
-            known = {task.question.strip() for task in generate_tasks(world, QuestionConfig())}
-            what = (f"the synthetic world's questions (engine.scripted.world_seed={scripted.world_seed}); "
+            known = {task.question.strip() for task in generate_tasks(world, _questions(scripted))}
+            what = (f"the synthetic world's questions (engine.scripted.world_seed={scripted.world_seed}, "
+                    f"engine.scripted.questions={dict(scripted.questions)}: the same as data.options); "
                     f"use rollout data.kind=synthetic, or a model engine (vllm, hf)")
         elif scripted.mode == "replay" and scripted.replay_path:
             known = {t.question.strip() for t in load_trajectories(scripted.replay_path)}
@@ -247,3 +249,8 @@ class _Replay:
         turn = self.turns[self.cursor]
         self.cursor += 1
         return list(turn.response_ids), list(turn.response_logprobs), turn.finish_reason
+
+
+def _questions(scripted: ScriptedEngineConfig) -> QuestionConfig:
+    """The question set the expert answers: the synthetic dataset's, with the same options."""
+    return question_config(dict(scripted.questions))

@@ -1,0 +1,102 @@
+"""The learner's overhead over its arithmetic: veRL's update against a plain PyTorch forward and
+backward of the same batch on the same model.
+
+The batch is real: the scripted expert's trajectories of the embedded default's tasks (a file from
+``turnstile rollout``, or made here), random advantages of both signs. The plain PyTorch figure runs
+one sequence per forward (no padding, the causal attention kernel), loss on the response tokens,
+one optimiser step — the arithmetic an update cannot avoid. The veRL figure is
+:meth:`learner.trainer.Learner.train_rl` with the given micro-batch sizes (the same tokens, one
+mini-batch). Both on the same threads of this machine, one after the other, ``--repeats`` times.
+
+    .venv/bin/python benchmarks/learner_overhead.py [--samples 32] [--micro-batches 1,2] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import ray
+import torch
+
+from cluster.rollout import RayConfig, init_ray
+from cluster.warm_start import WarmStartRecipe, expert_trajectories
+from learner.batch import Sample, samples_from_trajectories
+from learner.trainer import Learner, LearnerConfig
+from rollout.model_store import WARM_MODEL, resolve_model
+
+
+def batch(path: str, count: int) -> list[Sample]:
+    if path:
+        from rollout.trajectory import load_trajectories
+
+        trajectories = load_trajectories(path)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            trajectories = expert_trajectories(replace(WarmStartRecipe(), tasks={**WarmStartRecipe().tasks,
+                                                                              "count": 3 * count}),
+                                               Path(tmp) / "expert.jsonl", progress=False)
+    rng = random.Random(0)
+    samples = samples_from_trajectories(trajectories[:count], require_advantage=False)
+    return [replace(s, advantages=[a * rng.choice((-1.0, 1.0)) or 0.5 for a in s.advantages],
+                    trajectory=(f"u{i}", 0), uid=f"u{i}") for i, s in enumerate(samples)]
+
+
+def plain(model_path: str, samples: list[Sample]) -> float:
+    """Seconds for one forward+backward of every sample and one AdamW step."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    started = time.perf_counter()
+    for sample in samples:
+        ids = torch.tensor([sample.prompt_ids + sample.response_ids])
+        mask = torch.tensor([0.0] * len(sample.prompt_ids) + [float(m) for m in sample.response_mask])
+        logits = model(input_ids=ids).logits[0, :-1]
+        log_probs = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        (-(log_probs * mask[1:]).sum() / mask.sum()).backward()
+    optimiser.step()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trajectories", default="", help="a rollout JSONL (default: the expert's, made here)")
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--micro-batches", default="1,2")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    init_ray(RayConfig(num_cpus=4))
+    samples = batch(args.trajectories, args.samples)
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    model = resolve_model(WARM_MODEL)
+    rows = [("plain PyTorch (1 sequence per forward)", [plain(model, samples) for _ in range(args.repeats)])]
+    for micro in (int(m) for m in args.micro_batches.split(",")):
+        learner = Learner(LearnerConfig(model=model, mini_batch=len(samples), micro_batch=micro, lr=1e-6,
+                                        max_length=4096, num_cpus_per_worker=2)).start()
+        try:
+            times = []
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                learner.train_rl(samples)
+                times.append(time.perf_counter() - started)
+        finally:
+            learner.close()
+        rows.append((f"veRL train_rl, micro_batch={micro}", times))
+    ray.shutdown()
+    print(f"{len(samples)} samples, {tokens:,} tokens (prompt + response), model {Path(model).name}")
+    base = statistics.median(rows[0][1])
+    print(f"{'what':44} {'median s':>9} {'tokens/s':>9} {'x plain':>8}")
+    for name, times in rows:
+        median = statistics.median(times)
+        print(f"{name:44} {median:9.2f} {tokens / median:9.0f} {median / base:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

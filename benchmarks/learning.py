@@ -1,0 +1,199 @@
+"""The papers' ablations in miniature: arms of ``turnstile train`` from the same warm start, at the
+same sample budget, several seeds each, with held-out accuracy before and after.
+
+Every arm is the embedded default (``examples/train.yaml``: the warm start ``tiny-qwen3-sft``, 10
+steps of 4 tasks x 8 samples, 64 held-out episodes before the first update and after the last) plus
+its own overrides (:data:`ARMS`). A seed sets the learner's seed and the sampling seed of every turn.
+
+Resumable: each (arm, seed) trains in ``OUT/<arm>/seed<k>``; a finished one (its ``run.json`` at the
+last step with the final evaluation) is not rerun, an unfinished one continues from its checkpoint
+(``resume=true``). After every finished run the table (``OUT/results.json``, and with ``--doc`` the
+Markdown table and the PNG of the curves) is rewritten, so a killed campaign loses at most one run.
+
+    .venv/bin/python benchmarks/learning.py [--arms grpo,igpo] [--seeds 3] [--out runs/learning]
+    .venv/bin/python benchmarks/learning.py --report-only --doc docs/benchmarks/learning.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rollout.trajectory import load_trajectories
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "train.yaml"
+HARD = "rollout.data.options={min_hops: 2, max_hops: 3, aggregation_fraction: 0.0, count: 1200}"
+HARD_EVAL = "eval_data.options={min_hops: 2, max_hops: 3, aggregation_fraction: 0.0, count: 1200}"
+IG = "rewards=[{kind: exact_match}, {kind: format}, {kind: information_gain}]"
+CLUES = "rewards=[{kind: exact_match}, {kind: format}, {kind: clue_steps}]"
+
+ARMS: dict[str, tuple[str, list[str]]] = {
+    "grpo": ("GRPO, mono context (the default)", []),
+    "igpo": ("IGPO: browse-aware IG, IG-Scale, turn format penalty", [IG, "estimator.name=igpo"]),
+    "abc_grpo": ("ABC-GRPO, heuristic clue judge", [CLUES, "estimator.name=abc_grpo"]),
+    "mono_gspo": ("mono context, GSPO loss", ["learner.loss=gspo"]),
+    "iter_research_gspo": ("iter_research, round-level GSPO", [
+        "rollout.context.kind=iter_research", "estimator.name=gspo_round", "learner.loss=gspo"]),
+    "grpo_hard": ("GRPO on the hard split (2-3 hops)", [HARD, HARD_EVAL]),
+    "igpo_hard": ("IGPO on the hard split (2-3 hops)", [HARD, HARD_EVAL, IG, "estimator.name=igpo"]),
+}
+
+
+def finished(out: Path) -> bool:
+    state = out / "run.json"
+    if not state.is_file():
+        return False
+    data = json.loads(state.read_text())
+    history = data.get("history", [])
+    return bool(history) and "eval/accuracy" in history[-1] and history[-1]["step"] == data["step"] and \
+        any(row["step"] == 0 for row in history)
+
+
+def train(arm: str, seed: int, out: Path, extra: list[str]) -> float:
+    """One (arm, seed) run to its end; returns the wall seconds this call took."""
+    overrides = [*ARMS[arm][1], f"learner.seed={seed}", f"rollout.episode.sampling.seed={seed}",
+                 f"out={out}", "resume=true", *extra]
+    started = time.monotonic()
+    log = out.parent / f"seed{seed}.log"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as sink:
+        subprocess.run([str(Path(sys.executable).parent / "turnstile"), "train", "--config", str(EXAMPLE),
+                        "--no-progress", *overrides], check=True, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    seconds = time.monotonic() - started
+    (out / "wall_s.txt").write_text(f"{seconds + _previous_wall(out):.1f}\n")
+    return seconds
+
+
+def _previous_wall(out: Path) -> float:
+    path = out / "wall_s.txt"
+    return float(path.read_text()) if path.is_file() else 0.0
+
+
+def run_summary(out: Path) -> dict[str, object]:
+    """What one finished run measured: accuracy per evaluation, browse ratio of correct and wrong
+    final-evaluation trajectories, turns per episode, wall time."""
+    from cluster.metrics import browse_ratio, is_correct
+
+    data = json.loads((out / "run.json").read_text())
+    evals = {int(row["step"]): row["eval/accuracy"] for row in data["history"] if "eval/accuracy" in row}
+    last = max(evals)
+    final = load_trajectories(out / "eval" / f"step{last}.jsonl")
+    right = [t for t in final if is_correct(t)]
+    wrong = [t for t in final if not is_correct(t)]
+    trained = [t for path in sorted((out / "rollouts").glob("step*.jsonl")) for t in load_trajectories(path)]
+    return {"evals": evals, "browse_correct": browse_ratio(right) if right else None,
+            "browse_wrong": browse_ratio(wrong) if wrong else None,
+            "turns": statistics.fmean(len(t.turns) for t in trained) if trained else 0.0,
+            "format": {int(row["step"]): row["eval/format_rate"] for row in data["history"]
+                       if "eval/format_rate" in row},
+            "wall_s": _previous_wall(out)}
+
+
+def report(root: Path, doc: Path | None) -> dict[str, dict[str, object]]:
+    results: dict[str, dict[str, object]] = {}
+    for arm in ARMS:
+        runs = {int(p.name[4:]): run_summary(p) for p in sorted((root / arm).glob("seed*")) if p.is_dir()
+                and finished(p)}
+        if runs:
+            results[arm] = {"label": ARMS[arm][0], "seeds": runs}
+    (root / "results.json").write_text(json.dumps(results, indent=1))
+    lines = table(results)
+    print("\n".join(lines))
+    if doc is not None:
+        plot(results, doc.with_suffix(".png"))
+        marker = "<!-- learning-table -->"
+        text = doc.read_text() if doc.is_file() else f"# Learning\n\n{marker}\n{marker}\n"
+        head, _, rest = text.partition(marker)
+        _, _, tail = rest.partition(marker)
+        doc.write_text(f"{head}{marker}\n" + "\n".join(lines) + f"\n{marker}{tail}")
+    return results
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values) * 100:.1f} ± {spread * 100:.1f}"
+
+
+def table(results: dict[str, dict[str, object]]) -> list[str]:
+    lines = ["| arm | seeds | held-out accuracy % before | after | change (points) | format % after | "
+             "browse ratio correct / wrong | turns per episode | wall per run (min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arm, entry in results.items():
+        runs = list(entry["seeds"].values())  # type: ignore[union-attr]
+        before = [r["evals"][0] for r in runs]
+        after = [r["evals"][max(r["evals"])] for r in runs]
+        change = [b - a for a, b in zip(before, after, strict=True)]
+        fmt = [r["format"][max(r["format"])] for r in runs]
+        browse_c = [r["browse_correct"] for r in runs if r["browse_correct"] is not None]
+        browse_w = [r["browse_wrong"] for r in runs if r["browse_wrong"] is not None]
+        browse = (f"{statistics.fmean(browse_c):.2f} / " if browse_c else "- / ") + \
+            (f"{statistics.fmean(browse_w):.2f}" if browse_w else "-")
+        lines.append(f"| {arm}: {entry['label']} | {len(runs)} | {_mean_std(before)} | {_mean_std(after)} | "
+                     f"{_mean_std(change)} | {_mean_std(fmt)} | {browse} | "
+                     f"{statistics.fmean(r['turns'] for r in runs):.1f} | "
+                     f"{statistics.fmean(r['wall_s'] for r in runs) / 60:.1f} |")
+    return lines
+
+
+def plot(results: dict[str, dict[str, object]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for arm, entry in results.items():
+        runs = list(entry["seeds"].values())  # type: ignore[union-attr]
+        steps = sorted(set.intersection(*(set(r["evals"]) for r in runs)))
+        means = [statistics.fmean(r["evals"][s] for r in runs) * 100 for s in steps]
+        spread = [(statistics.stdev([r["evals"][s] for r in runs]) * 100 if len(runs) > 1 else 0.0)
+                  for s in steps]
+        axis.errorbar(steps, means, yerr=spread, marker="o", capsize=3, label=f"{arm} ({len(runs)} seeds)")
+    axis.set_xlabel("training step")
+    axis.set_ylabel("held-out accuracy, % (mean ± std over seeds)")
+    axis.set_title("turnstile train from the warm start: the ablations in miniature")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--out", default="runs/learning")
+    parser.add_argument("--doc", default="", help="also rewrite this Markdown table and its PNG")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
+    args = parser.parse_args()
+    root = Path(args.out)
+    doc = Path(args.doc) if args.doc else None
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        parser.error(f"unknown arm {unknown[0]!r}; the arms are: {', '.join(ARMS)}")
+    if not args.report_only:
+        for seed in range(args.seeds):  # seed-major: every arm gets its first seed before any its third
+            for arm in arms:
+                out = root / arm / f"seed{seed}"
+                if finished(out):
+                    continue
+                print(f"{arm} seed {seed}: training in {out}", flush=True)
+                seconds = train(arm, seed, out, args.overrides)
+                print(f"{arm} seed {seed}: done in {seconds / 60:.1f} min", flush=True)
+                report(root, doc)
+    report(root, doc)
+
+
+if __name__ == "__main__":
+    main()
