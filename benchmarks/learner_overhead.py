@@ -28,7 +28,7 @@ from cluster.rollout import RayConfig, init_ray
 from cluster.warm_start import WarmStartRecipe, expert_trajectories
 from learner.batch import Sample, samples_from_trajectories
 from learner.trainer import Learner, LearnerConfig
-from rollout.model_store import WARM_MODEL, resolve_model
+from rollout.model_store import resolve_model
 
 
 def batch(path: str, count: int) -> list[Sample]:
@@ -70,12 +70,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--micro-batches", default="1,2")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="", help="a model directory or name (default: the tiny model; "
+                        "the weights do not change the cost)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     init_ray(RayConfig(num_cpus=4))
     samples = batch(args.trajectories, args.samples)
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-    model = resolve_model(WARM_MODEL)
+    model = resolve_model(args.model)
     rows = [("plain PyTorch (1 sequence per forward)", [plain(model, samples) for _ in range(args.repeats)])]
     for micro in (int(m) for m in args.micro_batches.split(",")):
         learner = Learner(LearnerConfig(model=model, mini_batch=len(samples), micro_batch=micro, lr=1e-6,

@@ -2,7 +2,7 @@
 clue page, against the other turns, on the scripted expert's trajectories scored with the warm model.
 
 The expert runs once on every held-out task of the embedded default (the same episode settings as
-training). ``information_gain`` (the warm start ``tiny-qwen3-sft`` as the scorer) measures v before
+training). ``information_gain`` (``--model``, by default the warm start ``tiny-qwen3-sft``, as the scorer) measures v before
 every turn; a turn's IG is v after it minus v before it (the next turn's v minus its own). The
 ``clue_steps`` plugin (heuristic judge) writes each turn's step score. A turn *reads a clue page*
 when it visits one of the task's evidence pages, or its search results list one. Reported: the mean
@@ -80,6 +80,7 @@ def split_turns(trajectories: list[Trajectory], tasks: dict[str, Task]) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--model", default=WARM_MODEL, help="the IG scorer (a model directory or name)")
     parser.add_argument("--trajectories", default="", help="score these instead (e.g. a train run's "
                         "out/eval/step0.jsonl: the warm policy's own turns, right and wrong)")
     args = parser.parse_args()
@@ -98,12 +99,12 @@ def main() -> None:
     trajectories = trajectories[:args.tasks]
     data = DatasetConfig(kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS))
     tasks = find_tasks(data, trajectories)
-    plugins = [build_reward(RewardSpec("information_gain", {"model": WARM_MODEL})),
+    plugins = [build_reward(RewardSpec("information_gain", {"model": args.model})),
                build_reward(RewardSpec("clue_steps", {"judge": "heuristic"}))]
     asyncio.run(run_plugins(plugins, trajectories, tasks))
     groups = split_turns(trajectories, tasks)
     print(f"{len(trajectories)} trajectories from {source}, {sum(len(t.turns) for t in trajectories)} "
-          f"turns; IG scored by {WARM_MODEL}")
+          f"turns; IG scored by {args.model}")
     print("| signal | turns reading a clue page: n, mean | other tool turns: n, mean | rank test z | p |")
     print("|---|---|---|---|---|")
     for name, split in groups.items():

@@ -53,7 +53,7 @@ from learner.trainer import Learner, LearnerConfig
 from rewards.base import RewardSpec, build_reward, parse_options, resolve_reward
 from rewards.service import RewardServiceConfig
 from rollout.fleet import EngineRouter, start_engines
-from rollout.model_store import WARM_MODEL, resolve_model
+from rollout.model_store import resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
 from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
 from rollout.workers import WorkerSpec, start_workers
@@ -64,12 +64,10 @@ IG_REWARD = "information_gain"
 
 def _default_rollout() -> RolloutConfig:
     """The embedded default (as examples/train.yaml): synthetic questions of one or two pages, the
-    warm start on vLLM, the expert's episode settings."""
+    tiny model on vLLM, the scripted expert's episode settings."""
     rollout = RolloutConfig()
     rollout.data = DatasetConfig(kind="synthetic", path="", split="train", options=dict(DEFAULT_TASKS))
-    rollout.group_size = 8
-    rollout.engine.model = WARM_MODEL
-    rollout.fleet.episodes_per_worker = 16
+    rollout.fleet.episodes_per_worker = 8
     rollout.episode = default_episode()
     rollout.ray = RayConfig(num_cpus=4)
     return rollout
@@ -80,17 +78,17 @@ class TrainJob:
     mode: str = "sync"  # sync | async (see cluster/train_async.py)
     name: str = ""  # prefix of the run's Ray actor names (<name>-worker-0, -engine-0, -reward-0); "" = random
     staleness: int = 1  # η: async rollout runs at most this many versions ahead; older samples drop
-    steps: int = 10
-    tasks_per_step: int = 4  # tasks per step; each gets rollout.group_size samples
+    steps: int = 4
+    tasks_per_step: int = 2  # tasks per step; each gets rollout.group_size samples
     rollout: RolloutConfig = field(default_factory=_default_rollout)  # data, engine, fleet, episode, ...
     eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
-        kind="synthetic", path="", split="eval", limit=64, options=dict(DEFAULT_TASKS)))
+        kind="synthetic", path="", split="eval", limit=16, options=dict(DEFAULT_TASKS)))
     rewards: list[RewardEntry] = field(default_factory=lambda: [RewardEntry("exact_match"),
                                                                 RewardEntry("format")])
     estimator: EstimatorEntry = field(default_factory=lambda: EstimatorEntry(name="grpo"))
-    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(mini_batch=32, micro_batch=1,
-                                                                         lr=5e-4, max_length=4096))
-    eval_every: int = 10  # evaluate before the first update, every N steps and after the last; 0 = never
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(mini_batch=4, micro_batch=2,
+                                                                         lr=1e-4, max_length=4096))
+    eval_every: int = 2  # evaluate before the first update, every N steps and after the last; 0 = never
     checkpoint_every: int = 1
     out: str = "runs/train"
     resume: bool = False
@@ -202,8 +200,6 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
             run.learner.close()
             for actor in [*workers, *engines]:
                 ray.kill(actor)
-    if line := learning_line(out, run.state):
-        print(line)
     return run.state
 
 
@@ -247,7 +243,8 @@ class Run:
             self.failed += failed
             rolled = time.monotonic()
             asyncio.run(_score(job, self.reward_specs(), trajectories))
-            self.learn(trajectories, rolled - started, extra={"time/rollout_s": rolled - started})
+            self.learn(trajectories, rolled - started, extra={"time/rollout_s": rolled - started,
+                                                              "time/rewards_s": time.monotonic() - rolled})
 
     def learn(self, trajectories: list[Trajectory], wall_s: float,
               extra: dict[str, float] | None = None) -> None:
@@ -313,7 +310,9 @@ class Run:
         """One sample per held-out task on the current weights (see :func:`_evaluate`), printed."""
         if not self.eval_tasks:
             return {}
+        started = time.monotonic()
         metrics = _evaluate(self.job, self.workers, self.eval_tasks, step, self.out, self.progress)
+        metrics["time/eval_s"] = time.monotonic() - started
         print(f"eval @ step {step}: accuracy {metrics['eval/accuracy']:.1%} (95% interval "
               f"{metrics['eval/accuracy_low']:.1%}-{metrics['eval/accuracy_high']:.1%}, "
               f"{metrics['eval/episodes']:.0f} episodes), format {metrics['eval/format_rate']:.1%}")

@@ -11,7 +11,7 @@ import pytest
 from cluster.cli import main
 from cluster.config import load_config
 from cluster.score import EstimatorEntry, RewardEntry
-from cluster.train import TrainError, TrainJob, check, run_train, step_tasks
+from cluster.train import TrainError, TrainJob, check, learning_line, run_train, step_tasks
 from envs.tasks import Task
 from rollout.trajectory import load_trajectories
 
@@ -37,6 +37,7 @@ def test_bad_settings_are_named() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(1200)  # two runs with their evaluations
 def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: Path,  # noqa: ARG001
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     job = load_config(TrainJob, EXAMPLE, [*SMALL, f"out={tmp_path}"])
@@ -45,7 +46,8 @@ def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: P
     assert state.step == 2 and state.weights_version == 2
     assert "step 1 | reward" in printed and "step 2 | reward" in printed and "eval @ step 2" in printed
     assert "eval @ step 0" in printed  # the policy before its first update
-    assert "held-out accuracy" in printed.splitlines()[-1]  # before -> after, the run's last line
+    line = learning_line(tmp_path, state)  # `turnstile train` ends with it
+    assert line.startswith("held-out accuracy ") and "(step 0 -> 2)" in line and "over 1 tasks" in line
     first = load_trajectories(tmp_path / "rollouts" / "step0.jsonl")
     second = load_trajectories(tmp_path / "rollouts" / "step1.jsonl")
     assert len(first) == len(second) == 4

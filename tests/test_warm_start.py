@@ -1,5 +1,5 @@
-"""The warm start of the embedded default: the question mix it is made for, the committed model
-directory, and its rebuild (``turnstile build-model tiny-qwen3-sft``) against the committed copy."""
+"""The warm start: the question mix it is made for, models known by name, and its recipe
+(``turnstile build-model tiny-qwen3-sft``) on a small scale."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from cluster.cli import main
 from cluster.warm_start import DEFAULT_TASKS, WarmStartRecipe
@@ -17,12 +16,6 @@ from envs.datasets.generic import DatasetError
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.synthetic.dataset import question_config
 from rollout.model_store import BUILD_INFO, RANDOM_MODEL, WARM_MODEL, resolve_model, warm_model_path
-
-REBUILD_TOLERANCE = 0.02
-"""Largest relative L2 distance between the rebuilt and the committed weights (all tensors). On the
-machine that built the committed copy a rebuild is bit-identical (measured: 0.0); a CPU with other
-vector units sums in another order, and 300 optimiser steps carry that difference forward."""
-
 
 def test_question_options_are_checked() -> None:
     assert question_config({"min_hops": 0, "max_hops": 1}).max_hops == 1
@@ -48,20 +41,17 @@ def test_the_default_mix_needs_one_or_two_pages() -> None:
                                                options=dict(DEFAULT_TASKS)))}
 
 
-def test_models_known_by_name() -> None:
+def test_models_known_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import rollout.model_store as store
+
     assert resolve_model(RANDOM_MODEL) == resolve_model("")
     assert resolve_model("/some/dir") == "/some/dir"
-    warm = Path(resolve_model(WARM_MODEL))
-    assert warm == warm_model_path()
-    info = json.loads((warm / BUILD_INFO).read_text())
-    assert info["name"] == WARM_MODEL and "scripted expert" in info["what"]
-    assert info["made_by"].startswith(f"turnstile build-model {WARM_MODEL}")
-    assert info["recipe"] == json.loads(json.dumps(asdict(WarmStartRecipe())))  # the recipe in the code
-    files = {p.name: p.stat().st_size for p in warm.iterdir()}
-    assert sum(files.values()) <= 10 * 2**20 and "model.safetensors" in files
-    # The same tokenizer as the random tiny model it was trained from.
-    base = Path(resolve_model(RANDOM_MODEL))
-    assert (warm / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
+    monkeypatch.setattr(store, "COMMITTED", tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"turnstile build-model {WARM_MODEL} --out"):
+        resolve_model(WARM_MODEL)
+    (tmp_path / WARM_MODEL).mkdir()
+    (tmp_path / WARM_MODEL / BUILD_INFO).write_text("{}")
+    assert resolve_model(WARM_MODEL) == str(tmp_path / WARM_MODEL) == str(warm_model_path())
 
 
 def test_warm_model_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,22 +60,24 @@ def test_warm_model_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
     assert done.value.code == 2 and "needs --out" in capsys.readouterr().out
 
 
-def relative_distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    diff = sum(float((a[k] - b[k]).double().norm() ** 2) for k in a)
-    size = sum(float(b[k].double().norm() ** 2) for k in b)
-    return (diff / size) ** 0.5
-
-
-@pytest.mark.slow
 @pytest.mark.integration
-def test_rebuild_matches_the_committed_copy(ray_local: None, tmp_path: Path,  # noqa: ARG001
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as done:
-        main(["build-model", WARM_MODEL, "--out", str(tmp_path / "warm"), "--no-progress"])
-    assert done.value.code == 0, capsys.readouterr().out
-    committed, rebuilt = warm_model_path(), tmp_path / "warm"
-    ours, theirs = json.loads((rebuilt / BUILD_INFO).read_text()), json.loads((committed / BUILD_INFO).read_text())
-    assert ours["data"]["sha256"] == theirs["data"]["sha256"]  # the same expert tokens, in the same order
-    distance = relative_distance(load_file(rebuilt / "model.safetensors"), load_file(committed / "model.safetensors"))
-    assert distance <= REBUILD_TOLERANCE, distance
+def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+    from transformers import AutoModelForCausalLM
+
+    from cluster.warm_start import build_warm_model
+
+    recipe = WarmStartRecipe(tasks={**DEFAULT_TASKS, "count": 60}, corpus_port=0, steps=2, batch=2)
+    target = build_warm_model(tmp_path / "warm", recipe, progress=False)
+    info = json.loads((target / BUILD_INFO).read_text())
+    assert info["name"] == WARM_MODEL and "scripted expert" in info["what"]
+    assert info["made_by"].startswith(f"turnstile build-model {WARM_MODEL}")
+    assert info["recipe"] == json.loads(json.dumps(asdict(recipe)))
+    assert info["data"]["episodes"] >= 40 and info["data"]["policy_tokens"] < info["data"]["tokens"]
+    assert len(info["data"]["sha256"]) == 64 and info["train"]["seconds"] > 0
+    assert (target / "tokenizer.json").read_text() == (Path(resolve_model(RANDOM_MODEL)) / "tokenizer.json").read_text()
+    base = AutoModelForCausalLM.from_pretrained(resolve_model(RANDOM_MODEL))
+    tuned = AutoModelForCausalLM.from_pretrained(target)
+    moved = [name for name, p in tuned.named_parameters() if not torch.equal(p, base.get_parameter(name))]
+    assert moved  # two optimiser steps changed the weights
+    with pytest.raises(FileExistsError, match="--force"):
+        build_warm_model(target, recipe, progress=False)

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 
 from cluster.config import dump_config, load_config
-from cluster.train import TrainJob, check, run_train
+from cluster.train import TrainJob, check, learning_line, run_train
 from rewards.service import RewardServiceError
 from rollout.store import StoreError
 
@@ -47,4 +47,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"turnstile train: {error}")
         return 1
     print(f"done: {state.step} steps, weights version {state.weights_version}")
+    if line := learning_line(Path(job.out), state):  # the last line: before -> after
+        print(line)
     return 0
