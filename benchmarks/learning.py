@@ -148,7 +148,10 @@ def table(results: dict[str, dict[str, object]]) -> list[str]:
 
 
 def plot(results: dict[str, dict[str, object]], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--doc draws the curves with matplotlib: .venv/bin/pip install matplotlib") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

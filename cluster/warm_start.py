@@ -39,6 +39,7 @@ from typing import Any
 
 from cluster.rollout import RolloutConfig, run_rollout
 from envs.datasets.registry import DatasetConfig
+from envs.env import EnvConfig
 from rollout.episode import EpisodeConfig
 from rollout.model_store import BUILD_INFO, WARM_MODEL, ensure_default_model
 from rollout.trajectory import Trajectory, load_trajectories
@@ -51,8 +52,6 @@ training and ~120 held out."""
 
 def default_episode() -> EpisodeConfig:
     """The embedded default's episode settings (training, evaluation and the expert's data)."""
-    from envs.env import EnvConfig
-
     return EpisodeConfig(max_new_tokens=160, context_budget=3072, env=EnvConfig(max_turns=6))
 
 
