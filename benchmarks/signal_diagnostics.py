@@ -94,7 +94,7 @@ def main() -> None:
         recipe = replace(WarmStartRecipe(), corpus_port=0)
         with tempfile.TemporaryDirectory() as tmp:
             trajectories = expert_trajectories(recipe, Path(tmp) / "expert.jsonl", progress=False,
-                                               split="eval")
+                                               split="eval", limit=args.tasks)
         source = "the scripted expert on held-out tasks (all answered correctly)"
     trajectories = trajectories[:args.tasks]
     data = DatasetConfig(kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS))

@@ -7,21 +7,32 @@ the default training tasks, through the real tools.
 
 The recipe (:class:`WarmStartRecipe`, one command: ``turnstile build-model tiny-qwen3-sft --out DIR``):
 
-1. the expert (``engine.kind=scripted``) runs every training task once through the Ray fleet with
-   the default episode settings, the corpus served on a fixed port so the pages' URLs — and so the
-   token ids — are the same on every machine; its correct trajectories, sorted by task, are the data;
-2. plain PyTorch SFT from the random tiny model: token-mean cross-entropy on the policy's own
-   tokens (observations and prompt masked), AdamW, warm-up then cosine decay, one sequence per
-   forward (no padding), a fixed seed.
+1. the expert (``engine.kind=scripted``) runs every training task of 6,000 questions of the
+   default mix once through the Ray fleet with the default episode settings, the corpus served on
+   a fixed port so the pages' URLs — and so the token ids — are the same on every machine; its
+   correct trajectories, sorted by task, are the data;
+2. copying (:class:`RepeatedRuns`): the random tiny model learns to predict the second copy of a
+   random token run. Every question needs copying (the entity into the search, a URL from the
+   results, the value from the page into the answer), and the expert's data alone did not teach
+   it: after 600 SFT steps the model predicted the query's second token 0 times in 40 held-out
+   turns, teacher-forced;
+3. SFT: cross-entropy on the policy's own tokens, plus the tool results' tokens at
+   ``observation_weight`` (they repeat the query and the page names: more copying to learn from),
+   plus the copying loss (so it is kept while SFT puts it to use); AdamW, warm-up then cosine
+   decay, one sequence per forward (no padding), logits only where the loss is, a fixed seed.
 
 Why not veRL's trainer (the learner every RL step uses, and ``turnstile sft``): on 2 CPU cores it
 runs at about half the arithmetic's speed (``benchmarks/learner_overhead.py``), and the build is
-already the longest thing a newcomer runs.
+the longest thing here: about an hour on 2 cores (20 minutes of expert data, 49 of training). The
+finished warm start is to be committed (``rollout/models/tiny-qwen3-sft``, 7.4 MB) with the
+CI-sized rebuild check :func:`rebuild_record` records.
 
-Measured (600 steps, 47 minutes on 2 cores): loss 0.46-0.62 on the policy tokens, 64.5% well-formed
-turns on 64 held-out episodes at temperature 1, but 0 correct answers: the model writes the
-protocol and never copies the question's entity into its search. The default ``turnstile train``
-does not use it yet (see docs/benchmarks/learning.md).
+Measured (this recipe, docs/benchmarks/learning.md): teacher-forced on 40 held-out expert turns the
+model predicts the search query's first token 39 times (the first recipe: 4); sampling at
+temperature 1, 36 of its 56 first searches are the question's entity (the first recipe: 0 of 64).
+But it reads a page in 1 of 68 visits (it writes the corpus port it was trained on, and garbles
+the page's address) and answers 1 of 64 held-out questions. The default ``turnstile train`` does
+not use it yet.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from cluster.rollout import RolloutConfig, run_rollout
@@ -59,12 +71,18 @@ def default_episode() -> EpisodeConfig:
 class WarmStartRecipe:
     """Everything that decides the warm start (recorded in its ``turnstile-model.json``)."""
 
-    tasks: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TASKS))
+    # The expert's data: the training split of 6,000 questions of the default mix (the split depends
+    # only on a question's id, so none of the default's held-out questions is among them).
+    tasks: dict[str, Any] = field(default_factory=lambda: {**DEFAULT_TASKS, "count": 6000})
     corpus_port: int = 18765  # fixed, so every machine's trajectories hold the same URLs
-    steps: int = 600
+    induction_steps: int = 500  # stage 1: copying random token runs, before any expert data
+    induction_batch: int = 32  # runs per step, each 32 tokens written twice
+    induction_weight: float = 1.0  # the same copying loss added to every SFT step, so it stays
+    steps: int = 800
     batch: int = 8  # sequences per optimiser step
-    lr: float = 3e-3
+    lr: float = 2e-3
     warmup_steps: int = 30
+    observation_weight: float = 0.2  # loss on the tool results' tokens, relative to the policy's
     max_length: int = 3072
     seed: int = 0
 
@@ -75,16 +93,25 @@ def build_warm_model(target: Path, recipe: WarmStartRecipe | None = None, *, for
     recipe = recipe or WarmStartRecipe()
     if target.exists() and not force:
         raise FileExistsError(f"{target} exists; pass --force to rebuild it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{target.name}.data.", dir=target.parent) as scratch:
+        started = time.monotonic()
+        trajectories = expert_trajectories(recipe, Path(scratch) / "expert.jsonl", progress=progress)
+        data_s = time.monotonic() - started
+    return train_warm_model(target, trajectories, recipe, data_seconds=data_s, progress=progress)
+
+
+def train_warm_model(target: Path, trajectories: list[Trajectory], recipe: WarmStartRecipe, *,
+                     data_seconds: float = 0.0, progress: bool = True,
+                     monitor: Callable[[int, Any], None] | None = None) -> Path:
+    """Stage the SFT of the tiny model on the expert's ``trajectories`` and its record, then move
+    the directory to ``target`` (replacing it)."""
     base = ensure_default_model()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        started = time.monotonic()
-        trajectories = expert_trajectories(recipe, staging / "expert.jsonl", progress=progress)
-        data_s = time.monotonic() - started
         sequences = training_sequences(trajectories, recipe.max_length)
-        report = train_sft(base, sequences, recipe, staging, progress=progress)
-        (staging / "expert.jsonl").unlink()
+        report = train_sft(base, sequences, recipe, staging, progress=progress, monitor=monitor)
         info = {
             "name": WARM_MODEL,
             "what": "the tiny Qwen3 after SFT on the scripted expert's correct trajectories of the "
@@ -95,8 +122,9 @@ def build_warm_model(target: Path, recipe: WarmStartRecipe | None = None, *, for
             "data": {"episodes": len(trajectories), "sequences": len(sequences),
                      "tokens": sum(len(ids) for ids, _ in sequences),
                      "policy_tokens": sum(sum(mask) for _, mask in sequences),
-                     "sha256": sequences_digest(sequences), "seconds": round(data_s, 1)},
+                     "sha256": sequences_digest(sequences), "seconds": round(data_seconds, 1)},
             "train": {key: report[key] for key in ("final_loss", "seconds", "tokens_per_s")},
+            "check": rebuild_record(base, sequences, recipe),
         }
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
         staging.chmod(0o755)
@@ -109,13 +137,30 @@ def build_warm_model(target: Path, recipe: WarmStartRecipe | None = None, *, for
     return target
 
 
+CHECK_SEQUENCES = 32  # the rebuild check's share of the data: the first sequences, by task id
+
+
+def rebuild_record(base: Path, sequences: list[tuple[list[int], list[int]]],
+                   recipe: WarmStartRecipe) -> dict[str, Any]:
+    """What a CI-sized rebuild must reproduce: the digest of the first :data:`CHECK_SEQUENCES`
+    sequences and the losses of :data:`TRACE_STEPS` steps of both stages trained on them alone.
+    The full rebuild (about an hour on 2 cores) is the one command in ``made_by``."""
+    head = sequences[:CHECK_SEQUENCES]
+    with tempfile.TemporaryDirectory(prefix=".turnstile-check.") as scratch:
+        report = train_sft(base, head, replace(recipe, induction_steps=TRACE_STEPS, steps=TRACE_STEPS),
+                           Path(scratch), progress=False)
+    return {"sequences": len(head), "sha256": sequences_digest(head), "trace": report["trace"]}
+
+
 def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = True,
-                        split: str = "train") -> list[Trajectory]:
-    """The scripted expert once on every task of ``split``; its correct trajectories, by task id."""
+                        split: str = "train", limit: int | None = None) -> list[Trajectory]:
+    """The scripted expert once on every task of ``split`` (the first ``limit`` by id if given);
+    its correct trajectories, by task id."""
     from envs.answers import answer_matches
 
     rollout = RolloutConfig()
-    rollout.data = DatasetConfig(kind="synthetic", path="", split=split, options=dict(recipe.tasks))
+    rollout.data = DatasetConfig(kind="synthetic", path="", split=split, limit=limit,
+                                 options=dict(recipe.tasks))
     rollout.group_size = 1
     rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
     rollout.episode = default_episode()
@@ -147,15 +192,44 @@ def sequences_digest(sequences: list[tuple[list[int], list[int]]]) -> str:
 
 
 def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: WarmStartRecipe,
-              out: Path, *, progress: bool = True) -> dict[str, Any]:
-    """Plain PyTorch SFT of ``base`` on ``sequences`` (see the module doc); saves to ``out``."""
+              out: Path, *, progress: bool = True,
+              monitor: Callable[[int, Any], None] | None = None) -> dict[str, Any]:
+    """Plain PyTorch SFT of ``base`` on ``sequences`` (see the module doc); saves to ``out``. The
+    report has the final loss, the time, the throughput and ``trace``, the first steps' losses of
+    both stages (what the rebuild check compares). ``monitor(step, model)`` is called every 50 SFT
+    steps (to watch a held-out measure while it trains)."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(recipe.seed)
+    tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model.train()
+    added = set(tokenizer.get_added_vocab().values())
+    runs = RepeatedRuns(sorted({t for ids, _ in sequences for t in ids} - added), recipe.seed)
+    trace: dict[str, list[float]] = {"induction": [], "sft": []}
+    started, tokens = time.monotonic(), 0
+
+    def optimise(optimiser: torch.optim.Optimizer, scheduler: Any) -> None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        scheduler.step()
+        optimiser.zero_grad(set_to_none=True)
+
+    # Stage 1: copying. A random-weight model copies nothing, and every question needs it: the
+    # entity into the search, a URL from the results, the value from the page into the answer.
+    optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr / 2, betas=(0.9, 0.98), weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: 1.0)
+    bar = tqdm(range(recipe.induction_steps), desc="copying", unit="step", disable=not progress)
+    for _ in bar:
+        loss = runs.loss(model, recipe.induction_batch)
+        loss.backward()
+        optimise(optimiser, scheduler)
+        _record(trace["induction"], loss.item())
+        bar.set_postfix(loss=f"{float(loss):.3f}")
+
+    # Stage 2: the expert's turns (and, at a lower weight, the tool results they read).
     optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=0.0)
 
     def schedule(step: int) -> float:
@@ -165,33 +239,87 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
     rng = random.Random(recipe.seed)
     order: list[int] = []
-    started, tokens, loss_value = time.monotonic(), 0, float("nan")
-    bar = tqdm(range(recipe.steps), desc=f"sft {WARM_MODEL}", unit="step", disable=not progress)
-    for _ in bar:
+    loss_value = float("nan")
+    bar = tqdm(range(1, recipe.steps + 1), desc=f"sft {WARM_MODEL}", unit="step", disable=not progress)
+    for step in bar:
         if len(order) < recipe.batch:
             order += rng.sample(range(len(sequences)), len(sequences))
         batch, order = [sequences[i] for i in order[:recipe.batch]], order[recipe.batch:]
         policy_tokens = max(sum(sum(mask) for _, mask in batch), 1)
         loss_value = 0.0
         for ids, mask in batch:
-            inputs = torch.tensor([ids])
-            labels = torch.tensor([t if m else -100 for t, m in zip(ids, mask, strict=True)][1:])
-            logits = model(input_ids=inputs).logits[0, :-1]
-            loss = torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100,
-                                                     reduction="sum") / policy_tokens
+            weights = loss_weights(mask, recipe.observation_weight)
+            # Logits only where the loss is: the LM head over every position costs as much as the
+            # four layers on this model (8,192-token vocabulary, 128 wide).
+            targets = [i for i in range(1, len(ids)) if weights[i]]
+            if not targets:
+                continue
+            logits = model(input_ids=torch.tensor([ids]),
+                           logits_to_keep=torch.tensor([i - 1 for i in targets])).logits[0]
+            per_token = torch.nn.functional.cross_entropy(logits, torch.tensor([ids[i] for i in targets]),
+                                                          reduction="none")
+            loss = (per_token * torch.tensor([weights[i] for i in targets])).sum() / policy_tokens
             loss.backward()
             loss_value += float(loss)
             tokens += len(ids)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimiser.step()
-        scheduler.step()
-        optimiser.zero_grad(set_to_none=True)
+        if recipe.induction_weight:
+            (runs.loss(model, recipe.induction_batch // 2) * recipe.induction_weight).backward()
+        optimise(optimiser, scheduler)
+        _record(trace["sft"], loss_value)
         bar.set_postfix(loss=f"{loss_value:.3f}")
+        if monitor is not None and step % 50 == 0:
+            model.eval()
+            monitor(step, model)
+            model.train()
     seconds = time.monotonic() - started
     model.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    tokenizer.save_pretrained(out)
     for name in ("generation_config.json",):
         if (base / name).is_file():
             shutil.copy(base / name, out / name)
     return {"final_loss": round(loss_value, 4), "seconds": round(seconds, 1),
-            "tokens_per_s": round(tokens / max(seconds, 1e-9))}
+            "tokens_per_s": round(tokens / max(seconds, 1e-9)), "trace": trace}
+
+
+TRACE_STEPS = 5  # losses kept per stage for the rebuild check
+
+
+def _record(trace: list[float], loss: float) -> None:
+    if len(trace) < TRACE_STEPS:
+        trace.append(round(loss, 6))
+
+
+def loss_weights(mask: list[int], observation_weight: float) -> list[float]:
+    """Per-token loss weights of a sequence: 0 on the prompt, 1 on the policy's tokens,
+    ``observation_weight`` on the tool results (the tokens after the prompt the policy did not
+    write). The prompt ends where the policy's first token is."""
+    start = mask.index(1) if 1 in mask else len(mask)
+    return [0.0] * start + [1.0 if m else observation_weight for m in mask[start:]]
+
+
+class RepeatedRuns:
+    """The copying task: a run of 32 random tokens (drawn from ``pool``) written twice; the loss is
+    on the second copy, which only attending back to the first can predict. A small model learns
+    it in a few hundred steps (its loss falls from ln(len(pool)) to ~0.03), the expert's data alone
+    did not teach it in 600."""
+
+    half = 32
+
+    def __init__(self, pool: list[int], seed: int) -> None:
+        if not pool:
+            raise ValueError("the copying task needs a non-empty token pool")
+        self.pool = pool
+        self.rng = random.Random(f"turnstile-copying-{seed}")
+
+    def loss(self, model: Any, batch: int) -> Any:
+        import torch
+
+        rows = []
+        for _ in range(batch):
+            run = [self.rng.choice(self.pool) for _ in range(self.half)]
+            rows.append(run + run)
+        ids = torch.tensor(rows)
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[:, self.half:-1]
+        logits = model.get_output_embeddings()(hidden)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 ids[:, self.half + 1:].reshape(-1))

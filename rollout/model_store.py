@@ -47,7 +47,7 @@ class TinyModelSpec:
     """Sizes of the default model. Changing any field changes the cache directory name."""
 
     name: str = "tiny-qwen3"
-    version: int = 1
+    version: int = 2  # 2: names and numbers tokenized alike wherever they stand
     vocab_size: int = 8192
     hidden_size: int = 128
     intermediate_size: int = 384
@@ -134,11 +134,18 @@ def build_tiny_model(target: Path, spec: TinyModelSpec | None = None, force: boo
 
 def train_tokenizer(spec: TinyModelSpec):  # noqa: ANN201 - transformers' PreTrainedTokenizerFast
     """Byte-level BPE over the synthetic world's text and protocol turns, with a ChatML template."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # The space before a capital or a digit is a token of its own, so a name or a number is the same
+    # tokens wherever it stands (after a space, a quote, a bracket or a newline): the policy copies
+    # names and values from the question and the pages into its queries and answers, and a small
+    # model copies by matching tokens.
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r" (?=[A-Z0-9])"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size - len(PROTOCOL_TOKENS), min_frequency=2, show_progress=False,

@@ -11,7 +11,14 @@ import pytest
 import torch
 
 from cluster.cli import main
-from cluster.warm_start import DEFAULT_TASKS, WarmStartRecipe
+from cluster.warm_start import (
+    CHECK_SEQUENCES,
+    DEFAULT_TASKS,
+    TRACE_STEPS,
+    RepeatedRuns,
+    WarmStartRecipe,
+    loss_weights,
+)
 from envs.datasets.generic import DatasetError
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.synthetic.dataset import question_config
@@ -66,7 +73,8 @@ def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp
 
     from cluster.warm_start import build_warm_model
 
-    recipe = WarmStartRecipe(tasks={**DEFAULT_TASKS, "count": 60}, corpus_port=0, steps=2, batch=2)
+    recipe = WarmStartRecipe(tasks={**DEFAULT_TASKS, "count": 60}, corpus_port=0, induction_steps=2,
+                             induction_batch=4, steps=2, batch=2)
     target = build_warm_model(tmp_path / "warm", recipe, progress=False)
     info = json.loads((target / BUILD_INFO).read_text())
     assert info["name"] == WARM_MODEL and "scripted expert" in info["what"]
@@ -74,6 +82,9 @@ def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp
     assert info["recipe"] == json.loads(json.dumps(asdict(recipe)))
     assert info["data"]["episodes"] >= 40 and info["data"]["policy_tokens"] < info["data"]["tokens"]
     assert len(info["data"]["sha256"]) == 64 and info["train"]["seconds"] > 0
+    check = info["check"]
+    assert check["sequences"] == min(CHECK_SEQUENCES, info["data"]["sequences"])
+    assert len(check["trace"]["induction"]) == len(check["trace"]["sft"]) == TRACE_STEPS
     assert (target / "tokenizer.json").read_text() == (Path(resolve_model(RANDOM_MODEL)) / "tokenizer.json").read_text()
     base = AutoModelForCausalLM.from_pretrained(resolve_model(RANDOM_MODEL))
     tuned = AutoModelForCausalLM.from_pretrained(target)
@@ -81,3 +92,33 @@ def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp
     assert moved  # two optimiser steps changed the weights
     with pytest.raises(FileExistsError, match="--force"):
         build_warm_model(target, recipe, progress=False)
+
+
+def test_loss_weights_skip_the_prompt_and_weigh_tool_results() -> None:
+    assert loss_weights([0, 0, 1, 1, 0, 0, 1], 0.2) == [0, 0, 1, 1, 0.2, 0.2, 1]
+    assert loss_weights([0, 0, 0], 0.2) == [0, 0, 0]  # nothing the policy wrote: no loss
+
+
+def test_the_copying_task_teaches_a_random_model_to_copy() -> None:
+    """The copying stage's task, on a 64-token pool: the random tiny model predicts the second copy
+    no better than chance (ln 64 = 4.2), and after 200 steps nearly perfectly."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(RANDOM_MODEL))
+    runs = RepeatedRuns(list(range(100, 164)), seed=0)
+    with torch.no_grad():
+        before = float(runs.loss(model, 16))
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98), weight_decay=0.0)
+    for _ in range(200):
+        loss = runs.loss(model, 32)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        optimiser.zero_grad()
+    with torch.no_grad():
+        after = float(runs.loss(model, 16))
+    assert before > 4.0 and after < 0.5, (before, after)
+    with pytest.raises(ValueError, match="non-empty"):
+        RepeatedRuns([], seed=0)
+
