@@ -219,15 +219,17 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
 
     # Stage 1: copying. A random-weight model copies nothing, and every question needs it: the
     # entity into the search, a URL from the results, the value from the page into the answer.
-    optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr / 2, betas=(0.9, 0.98), weight_decay=0.0)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr / 2,  # constant; 1e-3 by default
+                                  betas=(0.9, 0.98), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: 1.0)
     bar = tqdm(range(recipe.induction_steps), desc="copying", unit="step", disable=not progress)
     for _ in bar:
         loss = runs.loss(model, recipe.induction_batch)
         loss.backward()
         optimise(optimiser, scheduler)
-        _record(trace["induction"], loss.item())
-        bar.set_postfix(loss=f"{float(loss):.3f}")
+        value = loss.detach().item()
+        _record(trace["induction"], value)
+        bar.set_postfix(loss=f"{value:.3f}")
 
     # Stage 2: the expert's turns (and, at a lower weight, the tool results they read).
     optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=0.0)
@@ -260,7 +262,7 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
                                                           reduction="none")
             loss = (per_token * torch.tensor([weights[i] for i in targets])).sum() / policy_tokens
             loss.backward()
-            loss_value += float(loss)
+            loss_value += loss.detach().item()
             tokens += len(ids)
         if recipe.induction_weight:
             (runs.loss(model, recipe.induction_batch // 2) * recipe.induction_weight).backward()
