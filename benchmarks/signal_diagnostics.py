@@ -91,7 +91,7 @@ def main() -> None:
         trajectories = load_trajectories(args.trajectories)
         source = args.trajectories
     else:
-        recipe = replace(WarmStartRecipe(), corpus_port=0)
+        recipe = replace(WarmStartRecipe(), corpus_ports=(0,))
         with tempfile.TemporaryDirectory() as tmp:
             trajectories = expert_trajectories(recipe, Path(tmp) / "expert.jsonl", progress=False,
                                                split="eval", limit=args.tasks)

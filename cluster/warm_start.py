@@ -74,7 +74,10 @@ class WarmStartRecipe:
     # The expert's data: the training split of 6,000 questions of the default mix (the split depends
     # only on a question's id, so none of the default's held-out questions is among them).
     tasks: dict[str, Any] = field(default_factory=lambda: {**DEFAULT_TASKS, "count": 6000})
-    corpus_port: int = 18765  # fixed, so every machine's trajectories hold the same URLs
+    # The corpus is served on each of these ports for an equal share of the tasks: fixed, so every
+    # machine's trajectories hold the same URLs, and several, so the model must copy the address
+    # from the search results (``turnstile train`` serves the corpus on a free port).
+    corpus_ports: tuple[int, ...] = (18765, 23917, 30482, 36851, 41296, 47530, 52084, 58643)
     induction_steps: int = 500  # stage 1: copying random token runs, before any expert data
     induction_batch: int = 32  # runs per step, each 32 tokens written twice
     induction_weight: float = 1.0  # the same copying loss added to every SFT step, so it stays
@@ -154,21 +157,26 @@ def rebuild_record(base: Path, sequences: list[tuple[list[int], list[int]]],
 
 def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = True,
                         split: str = "train", limit: int | None = None) -> list[Trajectory]:
-    """The scripted expert once on every task of ``split`` (the first ``limit`` by id if given);
-    its correct trajectories, by task id."""
+    """The scripted expert once on every task of ``split`` (about the first ``limit`` if given),
+    an equal share on each of the recipe's corpus ports; its correct trajectories, by task id."""
     from envs.answers import answer_matches
 
-    rollout = RolloutConfig()
-    rollout.data = DatasetConfig(kind="synthetic", path="", split=split, limit=limit,
-                                 options=dict(recipe.tasks))
-    rollout.group_size = 1
-    rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
-    rollout.episode = default_episode()
-    rollout.fleet.workers = 2
-    rollout.fleet.episodes_per_worker = 8
-    rollout.corpus = replace(rollout.corpus, port=recipe.corpus_port)
-    run_rollout(rollout, out, progress=progress)
-    kept = [t for t in load_trajectories(out) if t.answered and answer_matches(t.answer, t.answers)]
+    kept = []
+    share = None if limit is None else -(-limit // len(recipe.corpus_ports))
+    for shard, port in enumerate(recipe.corpus_ports):
+        rollout = RolloutConfig()
+        rollout.data = DatasetConfig(kind="synthetic", path="", split=split, limit=share,
+                                     shards=len(recipe.corpus_ports), shard=shard,
+                                     options=dict(recipe.tasks))
+        rollout.group_size = 1
+        rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
+        rollout.episode = default_episode()
+        rollout.fleet.workers = 2
+        rollout.fleet.episodes_per_worker = 8
+        rollout.corpus = replace(rollout.corpus, port=port)
+        part = out.with_name(f"{out.stem}.{shard}{out.suffix}")
+        run_rollout(rollout, part, progress=progress)
+        kept += [t for t in load_trajectories(part) if t.answered and answer_matches(t.answer, t.answers)]
     return sorted(kept, key=lambda t: t.task_id)
 
 

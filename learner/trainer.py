@@ -70,6 +70,9 @@ class LearnerConfig:
     seed: int = 0
     gradient_checkpointing: bool = False
     num_cpus_per_worker: int = 1  # CPU only; on GPUs each rank takes one GPU
+    # CPU only: torch threads per rank; 0 = num_cpus_per_worker (Ray's rule). More than the CPUs
+    # reserved is right where the rollout fleet idles while the learner trains (sync steps).
+    threads: int = 0
     gpu: bool | None = None  # None: use GPUs when the Ray cluster has them
 
     def __post_init__(self) -> None:
@@ -87,6 +90,8 @@ class LearnerConfig:
             raise LearnerError(f"learner.kl_type={self.kl_type!r} is not one of {', '.join(KL_TYPES)}")
         if self.kl_coef < 0:
             raise LearnerError("learner.kl_coef must be >= 0")
+        if self.threads < 0:
+            raise LearnerError("learner.threads must be >= 0 (0 = learner.num_cpus_per_worker)")
 
 
 @dataclass
@@ -195,7 +200,7 @@ class Learner:
             actor_class.update_options({"num_cpus": self.config.num_cpus_per_worker})
             pool = RayResourcePool(process_on_nodes=[self.config.dp], use_gpu=False,
                                    max_colocate_count=self.config.num_cpus_per_worker)
-            env = verl_cpu.worker_env()
+            env = verl_cpu.worker_env(self.config.threads or self.config.num_cpus_per_worker)
         self._pools.append(pool)
         return RayWorkerGroup(resource_pool=pool, ray_cls_with_init=actor_class, worker_env=env,
                               device_name="cuda" if use_gpu else "cpu",

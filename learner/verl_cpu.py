@@ -41,10 +41,16 @@ CPU_ENGINE_SETTINGS: dict[str, Any] = {
 }
 
 
-def worker_env() -> dict[str, str]:
-    """Environment variables that make a (Ray worker) process load veRL with this platform."""
+def platform_env() -> dict[str, str]:
+    """Environment variables that make a process load veRL with this platform."""
     return {"VERL_USE_EXTERNAL_MODULES": MODULE, "VERL_PLATFORM": PLATFORM, "VERL_ENGINE_DEVICE": "cuda",
             "VERL_USE_EXTERNAL_PLUGINS": "none"}
+
+
+def worker_env(threads: int) -> dict[str, str]:
+    """A (Ray worker) process's environment: this platform and ``threads`` torch threads (Ray
+    would set the CPUs the worker reserved)."""
+    return {**platform_env(), "OMP_NUM_THREADS": str(threads)}
 
 
 def wanted() -> bool:
@@ -234,7 +240,7 @@ def activate() -> None:
     """
     from verl.plugin.platform import get_platform, platform_manager, set_platform
 
-    os.environ.update(worker_env())
+    os.environ.update(platform_env())
     current = platform_manager._current_platform
     if current is None:
         get_platform()

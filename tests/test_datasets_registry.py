@@ -73,6 +73,19 @@ def test_limit_and_seeded_shuffle(tasks_file: Path) -> None:
     assert ids(shuffle=True, seed=1, limit=5) == shuffled[:5]
 
 
+def test_shards_cover_the_split_once(tasks_file: Path) -> None:
+    def ids(**options: object) -> list[str]:
+        return [t.id for t in load_tasks(DatasetConfig(kind="jsonl", path=str(tasks_file), **options))]
+
+    train = ids(split="train", eval_fraction=0.3)
+    parts = [ids(split="train", eval_fraction=0.3, shards=3, shard=i) for i in range(3)]
+    assert all(parts) and sorted(sum(parts, [])) == sorted(train)
+    assert parts[1] == train[1::3] and ids(shards=3, shard=2, limit=1) == [ids()[2]]
+    for shard, shards in ((3, 3), (-1, 3), (0, 0)):
+        with pytest.raises(DatasetError, match="shard"):
+            ids(shards=shards, shard=shard)
+
+
 def test_split_is_a_stable_partition(tasks_file: Path) -> None:
     def ids(**options: object) -> set[str]:
         return {t.id for t in load_tasks(DatasetConfig(kind="jsonl", path=str(tasks_file), **options))}

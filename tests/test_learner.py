@@ -59,6 +59,8 @@ def test_config_errors_name_the_setting() -> None:
         LearnerConfig(dp=2, mini_batch=8, micro_batch=3)
     with pytest.raises(LearnerError, match="learner.loss='ppo'"):
         LearnerConfig(loss="ppo")
+    with pytest.raises(LearnerError, match="learner.threads must be >= 0"):
+        LearnerConfig(threads=-1)
     with pytest.raises(LearnerError, match="not started"):
         Learner(LearnerConfig()).full_weights()
 

@@ -36,6 +36,13 @@ def test_bad_settings_are_named() -> None:
         check(TrainJob(estimator=EstimatorEntry(name="nope")))
 
 
+def test_the_example_is_the_embedded_default() -> None:
+    """`turnstile train` with no config and examples/train.yaml run the same experiment."""
+    from dataclasses import asdict
+
+    assert asdict(load_config(TrainJob, EXAMPLE, [])) == asdict(TrainJob())
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(1200)  # two runs with their evaluations
 def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: Path,  # noqa: ARG001

@@ -73,7 +73,7 @@ def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp
 
     from cluster.warm_start import build_warm_model
 
-    recipe = WarmStartRecipe(tasks={**DEFAULT_TASKS, "count": 60}, corpus_port=0, induction_steps=2,
+    recipe = WarmStartRecipe(tasks={**DEFAULT_TASKS, "count": 60}, corpus_ports=(0,), induction_steps=2,
                              induction_batch=4, steps=2, batch=2)
     target = build_warm_model(tmp_path / "warm", recipe, progress=False)
     info = json.loads((target / BUILD_INFO).read_text())
@@ -121,4 +121,5 @@ def test_the_copying_task_teaches_a_random_model_to_copy() -> None:
     assert before > 4.0 and after < 0.5, (before, after)
     with pytest.raises(ValueError, match="non-empty"):
         RepeatedRuns([], seed=0)
+
 

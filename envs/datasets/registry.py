@@ -10,7 +10,7 @@ A package makes its kinds known without being imported first through the entry-p
 never lists its plugins). A loader can also be named by import path, ``kind="package.module:function"``
 (same signature), which needs no registration at all.
 After loading, :func:`load_tasks` applies the options every kind shares, in this order: ``split``
-(a stable train/eval partition by task id), ``shuffle`` (seeded), then ``limit``.
+(a stable train/eval partition by task id), ``shard``, ``shuffle`` (seeded), then ``limit``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class DatasetConfig:
     split: ``all``, or ``train``/``eval`` for a partition that depends only on each task's id and
         ``seed`` (so it is the same however the file is ordered, shuffled or limited);
         ``eval_fraction`` of the tasks go to ``eval``.
+    shards, shard: keep every ``shards``-th task from position ``shard`` (after the split, before
+        shuffle and limit): ``shards`` runs with ``shard`` 0 to ``shards - 1`` cover the split once.
     limit: keep at most this many tasks (after split and shuffle); ``None`` keeps all.
     shuffle: shuffle with ``seed`` (the same seed gives the same order).
     field_map: file field name → task field name, for ``jsonl``/``parquet``
@@ -58,6 +60,8 @@ class DatasetConfig:
     path: str
     split: str = "all"
     eval_fraction: float = 0.1
+    shards: int = 1
+    shard: int = 0
     limit: int | None = None
     shuffle: bool = False
     seed: int = 0
@@ -125,10 +129,13 @@ def load_tasks(cfg: DatasetConfig) -> list[Task]:
         raise DatasetError(f"dataset eval_fraction {cfg.eval_fraction} must be between 0 and 1")
     if cfg.limit is not None and cfg.limit < 0:
         raise DatasetError(f"dataset limit {cfg.limit} must be >= 0 (or null for no limit)")
+    if not 0 <= cfg.shard < cfg.shards:
+        raise DatasetError(f"dataset shard {cfg.shard} must be >= 0 and below shards ({cfg.shards})")
     tasks = resolve_loader(cfg.kind)(cfg)
     if cfg.split != "all":
         wanted = cfg.split == "eval"
         tasks = [task for task in tasks if _in_eval(task.id, cfg.seed, cfg.eval_fraction) == wanted]
+    tasks = tasks[cfg.shard :: cfg.shards]
     if cfg.shuffle:
         tasks = list(tasks)
         random.Random(cfg.seed).shuffle(tasks)

@@ -105,7 +105,9 @@ class ScriptedExpert:
             raise _GiveUp(f"no search result is titled {name}")
         goal = f"Find the {want} of {name}"
         for attempt in range(self.config.max_visit_attempts):
-            think = (f"The result {url} is the page of {name}. I open it to read the {want}."
+            # the result as the search listed it, so its address follows what the turn just wrote
+            think = (f"The search lists [{name}]({url}), the page of {name}. I open it to read "
+                     f"the {want}."
                      if attempt == 0 else f"The visit did not return the page text; I try {url} again.")
             text = reading.page_text((yield self._visit(url, goal, think)))
             if text is not None:
@@ -119,10 +121,11 @@ class ScriptedExpert:
         path = [_pair(step) for step in _list(plan.get("path"))]
         attribute = plan.get("attribute")
         name, kind = str(plan.get("start")), str(plan.get("start_kind"))
+        read = ""  # the fact the last page gave, quoted as the page wrote it
         try:
             for hop, (source_kind, relation_name) in enumerate(path, start=1):
                 spec = schema.relation(source_kind, relation_name)
-                why = (f"Step {hop} of {len(path)}: I need {spec.phrase.format(x=name)}."
+                why = (f"{read}Step {hop} of {len(path)}: I need {spec.phrase.format(x=name)}."
                        if hop > 1 else f"The question starts from {name}; I need "
                                        f"{spec.phrase.format(x=name)}.")
                 text = yield from self._open(name, kind, spec.label.lower(), why)
@@ -130,16 +133,17 @@ class ScriptedExpert:
                 if target is None:
                     raise _GiveUp(f"the page of {name} has no '{spec.label}' line")
                 self._fallback = target
+                read = f"The page of {name} gives {spec.label}: {target}. "
                 name, kind = target, spec.target
             if attribute is None:
-                yield render_answer(name, f"Following every relation of the question leads to "
+                yield render_answer(name, f"{read}Following every relation of the question leads to "
                                           f"{name}, so that is the answer.")
                 return
             attribute_kind, attribute_name = _pair(attribute)
             value_spec = schema.attribute(attribute_kind, attribute_name)
             wanted = value_spec.label.lower()
             text = yield from self._open(name, kind, wanted,
-                                         f"The chain ends at {name}; I need its {wanted}.")
+                                         f"{read}The chain ends at {name}; I need its {wanted}.")
             value = reading.fact(text, value_spec.label)
             if value is None:
                 raise _GiveUp(f"the page of {name} has no '{value_spec.label}' line")
