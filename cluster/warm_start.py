@@ -9,8 +9,11 @@ The recipe (:class:`WarmStartRecipe`, one command: ``turnstile build-model tiny-
 
 1. the expert (``engine.kind=scripted``) runs every training task of 6,000 questions of the
    default mix once through the Ray fleet with the default episode settings, the corpus served on
-   a fixed port so the pages' URLs — and so the token ids — are the same on every machine; its
-   correct trajectories, sorted by task, are the data;
+   32 fixed ports (an equal share of the tasks each: the same URLs on every machine, and too many
+   to write from memory); its correct trajectories are the data. Its thoughts are written to be
+   copied from: it cites the result it opens as the search listed it (``[X](url)``) and quotes the
+   fact each page gave (``Creator: Y``), and pages live at Wikipedia-style addresses
+   (``/wiki/Kratro_Labyrinth``), so an address is the name's own tokens;
 2. copying (:class:`RepeatedRuns`): the random tiny model learns to predict the second copy of a
    random token run. Every question needs copying (the entity into the search, a URL from the
    results, the value from the page into the answer), and the expert's data alone did not teach
@@ -27,12 +30,12 @@ the longest thing here: about an hour on 2 cores (20 minutes of expert data, 49 
 finished warm start is to be committed (``rollout/models/tiny-qwen3-sft``, 7.4 MB) with the
 CI-sized rebuild check :func:`rebuild_record` records.
 
-Measured (this recipe, docs/benchmarks/learning.md): teacher-forced on 40 held-out expert turns the
-model predicts the search query's first token 39 times (the first recipe: 4); sampling at
-temperature 1, 36 of its 56 first searches are the question's entity (the first recipe: 0 of 64).
-But it reads a page in 1 of 68 visits (it writes the corpus port it was trained on, and garbles
-the page's address) and answers 1 of 64 held-out questions. The default ``turnstile train`` does
-not use it yet.
+Measured (docs/benchmarks/learning.md): the second recipe (8 ports, lower-case hyphenated
+addresses) copies the question's entity into its search (85 of 88 held-out queries whole,
+teacher-forced) but 4 of 88 visited addresses: it writes one of the 8 ports it was trained on and
+guesses the address's first lower-case fragment. This recipe (32 ports, addresses of the name's
+tokens) is meant to fix both; it is not measured yet. The default ``turnstile train`` does not
+use the warm start yet.
 """
 
 from __future__ import annotations
@@ -75,9 +78,10 @@ class WarmStartRecipe:
     # only on a question's id, so none of the default's held-out questions is among them).
     tasks: dict[str, Any] = field(default_factory=lambda: {**DEFAULT_TASKS, "count": 6000})
     # The corpus is served on each of these ports for an equal share of the tasks: fixed, so every
-    # machine's trajectories hold the same URLs, and several, so the model must copy the address
-    # from the search results (``turnstile train`` serves the corpus on a free port).
-    corpus_ports: tuple[int, ...] = (18765, 23917, 30482, 36851, 41296, 47530, 52084, 58643)
+    # machine's trajectories hold the same URLs, and many, so the model must copy the address from
+    # the search results (``turnstile train`` serves the corpus on a free port). With 8 ports the
+    # model wrote one of the 8 from memory.
+    corpus_ports: tuple[int, ...] = tuple(range(20011, 60000, 1250))
     induction_steps: int = 500  # stage 1: copying random token runs, before any expert data
     induction_batch: int = 32  # runs per step, each 32 tokens written twice
     induction_weight: float = 1.0  # the same copying loss added to every SFT step, so it stays
@@ -140,7 +144,7 @@ def train_warm_model(target: Path, trajectories: list[Trajectory], recipe: WarmS
     return target
 
 
-CHECK_SEQUENCES = 32  # the rebuild check's share of the data: the first sequences, by task id
+CHECK_SEQUENCES = 32  # the rebuild check's share of the data: the first port's first sequences
 
 
 def rebuild_record(base: Path, sequences: list[tuple[list[int], list[int]]],
@@ -156,16 +160,17 @@ def rebuild_record(base: Path, sequences: list[tuple[list[int], list[int]]],
 
 
 def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = True,
-                        split: str = "train", limit: int | None = None) -> list[Trajectory]:
-    """The scripted expert once on every task of ``split`` (about the first ``limit`` if given),
-    an equal share on each of the recipe's corpus ports; its correct trajectories, by task id."""
+                        split: str = "train", limit: int | None = None,
+                        shards: int | None = None) -> list[Trajectory]:
+    """The scripted expert once on every task of ``split``, an equal share on each of the recipe's
+    corpus ports (only the first ``shards`` shares if given; of each, the first ``limit`` tasks);
+    its correct trajectories, by port and then by task id."""
     from envs.answers import answer_matches
 
     kept = []
-    share = None if limit is None else -(-limit // len(recipe.corpus_ports))
-    for shard, port in enumerate(recipe.corpus_ports):
+    for shard, port in enumerate(recipe.corpus_ports[:shards]):
         rollout = RolloutConfig()
-        rollout.data = DatasetConfig(kind="synthetic", path="", split=split, limit=share,
+        rollout.data = DatasetConfig(kind="synthetic", path="", split=split, limit=limit,
                                      shards=len(recipe.corpus_ports), shard=shard,
                                      options=dict(recipe.tasks))
         rollout.group_size = 1
@@ -176,8 +181,9 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
         rollout.corpus = replace(rollout.corpus, port=port)
         part = out.with_name(f"{out.stem}.{shard}{out.suffix}")
         run_rollout(rollout, part, progress=progress)
-        kept += [t for t in load_trajectories(part) if t.answered and answer_matches(t.answer, t.answers)]
-    return sorted(kept, key=lambda t: t.task_id)
+        done = [t for t in load_trajectories(part) if t.answered and answer_matches(t.answer, t.answers)]
+        kept += sorted(done, key=lambda t: t.task_id)
+    return kept
 
 
 def training_sequences(trajectories: list[Trajectory], max_length: int) -> list[tuple[list[int], list[int]]]:

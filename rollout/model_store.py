@@ -47,7 +47,8 @@ class TinyModelSpec:
     """Sizes of the default model. Changing any field changes the cache directory name."""
 
     name: str = "tiny-qwen3"
-    version: int = 2  # 2: names and numbers tokenized alike wherever they stand
+    version: int = 3  # 2: names and numbers tokenized alike wherever they stand; 3: pages at
+    # Wikipedia-style addresses (/wiki/Kratro_Labyrinth), the names' own tokens
     vocab_size: int = 8192
     hidden_size: int = 128
     intermediate_size: int = 384

@@ -41,7 +41,7 @@ def test_default_size_kinds_and_unique_names(world: World) -> None:
     names = [e.name.casefold() for e in world.entities]
     assert len(set(names)) == len(names)
     assert len({e.slug for e in world.entities}) == len(world)
-    assert all(e.slug == slugify(e.name) and re.fullmatch(r"[a-z0-9-]+", e.slug) for e in world.entities)
+    assert all(e.slug == slugify(e.name) and re.fullmatch(r"[A-Za-z0-9_]+", e.slug) for e in world.entities)
 
 
 def test_every_required_relation_points_at_the_right_kind(world: World) -> None:

@@ -129,7 +129,10 @@ def nominal_hub_sizes(cfg: WorldConfig) -> list[int]:
 
 
 def slugify(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    """A page's path segment as Wikipedia writes it: the name with underscores for spaces and
+    punctuation ("Kratro Labyrinth" -> "Kratro_Labyrinth"). The address then holds the name's own
+    tokens, so a policy copies the page it wants from the name it is reading about."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
 
 
 def _counts(entities: int) -> dict[str, int]:
