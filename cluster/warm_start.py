@@ -167,20 +167,19 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
     its correct trajectories, by port and then by task id."""
     from envs.answers import answer_matches
 
+    rollout = RolloutConfig()
+    rollout.group_size = 1
+    rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
+    rollout.episode = default_episode()
+    rollout.fleet.workers = 2
+    rollout.fleet.episodes_per_worker = 8
     kept = []
     for shard, port in enumerate(recipe.corpus_ports[:shards]):
-        rollout = RolloutConfig()
-        rollout.data = DatasetConfig(kind="synthetic", path="", split=split, limit=limit,
-                                     shards=len(recipe.corpus_ports), shard=shard,
-                                     options=dict(recipe.tasks))
-        rollout.group_size = 1
-        rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
-        rollout.episode = default_episode()
-        rollout.fleet.workers = 2
-        rollout.fleet.episodes_per_worker = 8
-        rollout.corpus = replace(rollout.corpus, port=port)
+        data = DatasetConfig(kind="synthetic", path="", split=split, limit=limit,
+                             shards=len(recipe.corpus_ports), shard=shard, options=dict(recipe.tasks))
         part = out.with_name(f"{out.stem}.{shard}{out.suffix}")
-        run_rollout(rollout, part, progress=progress)
+        run_rollout(replace(rollout, data=data, corpus=replace(rollout.corpus, port=port)), part,
+                    progress=progress)
         done = [t for t in load_trajectories(part) if t.answered and answer_matches(t.answer, t.answers)]
         kept += sorted(done, key=lambda t: t.task_id)
     return kept
