@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import socket
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -30,6 +31,11 @@ from urllib.parse import quote, unquote, urlsplit
 from envs.search.base import Document
 
 PAGE_PREFIX = "/wiki/"
+
+
+class CorpusServerError(OSError):
+    """The server cannot listen where it was told (a busy port, an address not on this host); the
+    message says what to change. The commands that serve a corpus report it in one line."""
 
 
 @dataclass
@@ -53,6 +59,14 @@ class _Server(ThreadingHTTPServer):
         self.pages = pages
         self.log_requests = log
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that went away (a visit cancelled at its timeout, an episode stopped) resets
+        the connection: that is the client's business, not an error of the server to print with
+        a traceback. Anything else is reported as the standard library does."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
 
 class _Pages:
@@ -168,7 +182,7 @@ class CorpusServer:
             self._server = _Server((cfg.host, cfg.port), self._pages, cfg.request_queue_size,
                                    cfg.log_requests)
         except OSError as exc:
-            raise OSError(f"the corpus server cannot listen on {cfg.host}:{cfg.port} ({exc}); pick "
+            raise CorpusServerError(f"the corpus server cannot listen on {cfg.host}:{cfg.port} ({exc}); pick "
                           "another port (0 = any free port) or stop what is using it") from exc
         self._thread = threading.Thread(target=self._server.serve_forever, name="corpus-server",
                                         daemon=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,27 @@ def test_bad_override_names_the_key(capsys: pytest.CaptureFixture[str]) -> None:
         main(["episode", "env.max_turn=3"])
     assert exit_info.value.code == 2
     assert "unknown key 'env.max_turn'" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+def test_a_busy_corpus_port_is_one_line(tmp_path: Path) -> None:
+    """The world's address taken by another program: rollout and train say which address and what
+    to do, exit 1, no traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        runs = (["rollout", "--out", str(tmp_path / "r.jsonl"), "engine.kind=scripted",
+                 f"corpus.port={port}"],
+                ["train", f"out={tmp_path / 'train'}", f"rollout.corpus.port={port}"])
+        for command in runs:
+            result = turnstile(*command, "--no-progress")
+            assert result.returncode == 1, result.stdout + result.stderr
+            assert f"cannot listen on 127.0.0.1:{port}" in result.stdout
+            assert "pick another port" in result.stdout
+            assert "Traceback" not in result.stdout + result.stderr
 
 
 @pytest.mark.integration

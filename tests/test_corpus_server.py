@@ -92,6 +92,27 @@ def test_busy_port_error_says_what_to_do(server: CorpusServer) -> None:
         CorpusServer(DOCS, CorpusServerConfig(port=port, host="127.0.0.1")).start()
 
 
+def test_a_client_that_resets_is_not_a_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    """A visit cancelled mid-request resets its connection (RST): the server stays quiet about it
+    and goes on serving."""
+    import socket
+    import struct
+
+    with CorpusServer(DOCS) as server:
+        port = urlsplit(server.base_url).port
+        assert port is not None
+        for _ in range(3):
+            client = socket.create_connection(("127.0.0.1", port))
+            client.sendall(b"GET /wiki/alpha HTTP/1.1\r\nHost: x")  # the request is not finished
+            time.sleep(0.05)
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.close()  # SO_LINGER 0: the close is a reset
+        time.sleep(0.3)  # the handler threads meet the reset
+        assert httpx.get(server.url_for("alpha")).status_code == 200
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Connection reset" not in err, err
+
+
 async def test_many_concurrent_connections() -> None:
     docs = [Document(f"d{i}", f"Doc {i}", f"text {i}", "") for i in range(300)]
     with CorpusServer(docs) as server:

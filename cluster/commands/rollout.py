@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cluster.config import ConfigError, dump_config, load_config
 from cluster.rollout import RolloutConfig, run_rollout
+from envs.corpus_server import CorpusServerError
 
 NAME = "rollout"
 HELP = "Roll out G samples per task on Ray and write trajectories (JSONL) with a summary."
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg.fleet.episodes_per_worker} episodes, context {cfg.context.kind}")
     try:
         summary = run_rollout(cfg, out, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, CorpusServerError) as error:
         print(f"turnstile rollout: {error}")
         return 1
     out.with_suffix(".config.yaml").write_text(dump_config(cfg))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cluster.config import dump_config, load_config
 from cluster.train import TrainJob, check, learning_line, run_train
+from envs.corpus_server import CorpusServerError
 from rewards.service import RewardServiceError
 from rollout.store import StoreError
 
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
           f"samples, engine {job.rollout.engine.kind}, learner dp={job.learner.dp}, out {job.out}")
     try:
         state = run_train(job, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError, StoreError, RewardServiceError) as error:  # each says what to do
+    except (ValueError, FileNotFoundError, CorpusServerError, StoreError,
+            RewardServiceError) as error:  # each says what to do
         print(f"turnstile train: {error}")
         return 1
     print(f"done: {state.step} steps, weights version {state.weights_version}")
