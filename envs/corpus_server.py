@@ -182,8 +182,8 @@ class CorpusServer:
             self._server = _Server((cfg.host, cfg.port), self._pages, cfg.request_queue_size,
                                    cfg.log_requests)
         except OSError as exc:
-            raise CorpusServerError(f"the corpus server cannot listen on {cfg.host}:{cfg.port} ({exc}); pick "
-                          "another port (0 = any free port) or stop what is using it") from exc
+            raise CorpusServerError(f"the corpus server cannot listen on {cfg.host}:{cfg.port} ({exc}); "
+                                    "pick another port (0 = any free port) or stop what is using it") from exc
         self._thread = threading.Thread(target=self._server.serve_forever, name="corpus-server",
                                         daemon=True)
         self._thread.start()
