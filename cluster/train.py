@@ -40,7 +40,7 @@ from cluster.rollout import (
     serve_corpus,
 )
 from cluster.score import EstimatorEntry, RewardEntry, find_tasks, run_plugins
-from cluster.warm_start import DEFAULT_TASKS, default_episode
+from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.tasks import Task
@@ -53,7 +53,7 @@ from learner.trainer import Learner, LearnerConfig
 from rewards.base import RewardSpec, build_reward, parse_options, resolve_reward
 from rewards.service import RewardServiceConfig
 from rollout.fleet import EngineRouter, start_engines
-from rollout.model_store import resolve_model
+from rollout.model_store import WARM_MODEL, resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
 from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
 from rollout.workers import WorkerSpec, start_workers
@@ -63,11 +63,15 @@ IG_REWARD = "information_gain"
 
 
 def _default_rollout() -> RolloutConfig:
-    """The embedded default (as examples/train.yaml): synthetic questions of one or two pages, the
-    tiny model on vLLM, the scripted expert's episode settings."""
+    """The embedded default (as examples/train.yaml): synthetic questions answered on one page, the
+    warm start on vLLM with the corpus where its data was served, 8 samples per task, the scripted
+    expert's episode settings."""
     rollout = RolloutConfig()
     rollout.data = DatasetConfig(kind="synthetic", path="", split="train", options=dict(DEFAULT_TASKS))
-    rollout.fleet.episodes_per_worker = 8
+    rollout.group_size = 8
+    rollout.engine.model = WARM_MODEL
+    rollout.corpus.port = WARM_CORPUS_PORT
+    rollout.fleet.episodes_per_worker = 16
     rollout.episode = default_episode()
     rollout.ray = RayConfig(num_cpus=4)
     return rollout
@@ -78,17 +82,18 @@ class TrainJob:
     mode: str = "sync"  # sync | async (see cluster/train_async.py)
     name: str = ""  # prefix of the run's Ray actor names (<name>-worker-0, -engine-0, -reward-0); "" = random
     staleness: int = 1  # η: async rollout runs at most this many versions ahead; older samples drop
-    steps: int = 4
-    tasks_per_step: int = 2  # tasks per step; each gets rollout.group_size samples
+    steps: int = 10
+    tasks_per_step: int = 4  # tasks per step; each gets rollout.group_size samples
     rollout: RolloutConfig = field(default_factory=_default_rollout)  # data, engine, fleet, episode, ...
     eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
-        kind="synthetic", path="", split="eval", limit=16, options=dict(DEFAULT_TASKS)))
+        kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)))  # all 110 held out
     rewards: list[RewardEntry] = field(default_factory=lambda: [RewardEntry("exact_match"),
                                                                 RewardEntry("format")])
     estimator: EstimatorEntry = field(default_factory=lambda: EstimatorEntry(name="grpo"))
-    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(mini_batch=4, micro_batch=2,
-                                                                         lr=1e-4, max_length=4096))
-    eval_every: int = 2  # evaluate before the first update, every N steps and after the last; 0 = never
+    learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(
+        mini_batch=32, micro_batch=1, lr=1e-4, max_length=4096, threads=2))
+    eval_every: int = 5  # evaluate before the first update, every N steps and after the last; 0 = never
+    eval_samples: int = 1  # samples per held-out task in each evaluation (at the rollout's temperature)
     checkpoint_every: int = 1
     out: str = "runs/train"
     resume: bool = False
@@ -99,7 +104,7 @@ class TrainJob:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
-        for name in ("steps", "tasks_per_step"):
+        for name in ("steps", "tasks_per_step", "eval_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         for name in ("staleness", "eval_every", "checkpoint_every"):
@@ -307,7 +312,7 @@ class Run:
         _save_state(self.out, self.state)
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """One sample per held-out task on the current weights (see :func:`_evaluate`), printed."""
+        """The held-out tasks on the current weights (see :func:`_evaluate`), printed."""
         if not self.eval_tasks:
             return {}
         started = time.monotonic()
@@ -349,10 +354,10 @@ class Run:
 
 def _evaluate(job: TrainJob, workers: list, tasks: list[Task], step: int, out: Path,
               progress: bool) -> dict[str, float]:
-    """One sample per held-out task on the current weights (the rollout's sampling settings):
-    accuracy with its 95% Wilson interval, format rate, turns and browse ratio; the trajectories go
-    to ``out/eval/step<N>.jsonl``."""
-    episodes = [(task, f"eval{step}-{task.id}", 0) for task in tasks]
+    """``eval_samples`` samples per held-out task on the current weights (the rollout's sampling
+    settings): accuracy with its 95% Wilson interval (over episodes), format rate, turns and browse
+    ratio; the trajectories go to ``out/eval/step<N>.jsonl``."""
+    episodes = [(task, f"eval{step}-{task.id}", sample) for task in tasks for sample in range(job.eval_samples)]
     trajectories, _, _ = collect(workers, episodes, job.rollout.fleet, out / "eval" / f"step{step}.jsonl",
                                  progress)
     correct = sum(is_correct(t) for t in trajectories)
@@ -366,7 +371,8 @@ def _evaluate(job: TrainJob, workers: list, tasks: list[Task], step: int, out: P
 
 def learning_line(out: Path, state: RunState) -> str:
     """The run's before → after on the held-out tasks: accuracy (with the 95% interval of the paired
-    difference over the same tasks) and format rate; "" without a step-0 and a later evaluation."""
+    difference over the same tasks, each task's share of correct samples) and format rate; "" without
+    a step-0 and a later evaluation."""
     rows = {int(row["step"]): row for row in state.history if "eval/accuracy" in row}
     if 0 not in rows or len(rows) < 2:
         return ""
@@ -386,9 +392,13 @@ def learning_line(out: Path, state: RunState) -> str:
 
 
 def _correct_by_task(path: Path) -> dict[str, float]:
+    """Each held-out task's share of correct samples in one evaluation."""
     if not path.is_file():
         return {}
-    return {t.task_id: float(is_correct(t)) for t in load_trajectories(path)}
+    samples: dict[str, list[float]] = {}
+    for trajectory in load_trajectories(path):
+        samples.setdefault(trajectory.task_id, []).append(float(is_correct(trajectory)))
+    return {task: sum(values) / len(values) for task, values in samples.items()}
 
 
 async def _score(job: TrainJob, specs: list[RewardSpec], trajectories: list[Trajectory]) -> None:

@@ -7,16 +7,16 @@ the default training tasks, through the real tools.
 
 The recipe (:class:`WarmStartRecipe`, one command: ``turnstile build-model tiny-qwen3-sft --out DIR``):
 
-1. the expert (``engine.kind=scripted``) runs every training task of 6,000 questions of the
-   default mix once through the Ray fleet with the default episode settings, the corpus served on
-   32 fixed ports (an equal share of the tasks each: the same URLs on every machine, and too many
-   to write from memory); its correct trajectories are the data. Its thoughts are written to be
-   copied from: it cites the result it opens as the search listed it (``[X](url)``) and quotes the
-   fact each page gave (``Creator: Y``), and pages live at Wikipedia-style addresses
-   (``/wiki/Kratro_Labyrinth``), so an address is the name's own tokens;
+1. the expert (``engine.kind=scripted``) runs every training task of 5,000 questions of the
+   default mix (the name one relation away) once through the Ray fleet with the default episode
+   settings, the corpus served on a fixed port (:data:`WARM_CORPUS_PORT`: the same URLs on every
+   machine, and where ``turnstile train`` serves it); its correct trajectories are the data. Its
+   thoughts are written to be copied from: it cites the result it opens as the search listed it
+   (``[X](url)``) and quotes the fact the page gave (``Publisher: Y``), and pages live at
+   Wikipedia-style addresses (``/wiki/Kratro_Labyrinth``), so an address is the name's own tokens;
 2. copying (:class:`RepeatedRuns`): the random tiny model learns to predict the second copy of a
    random token run. Every question needs copying (the entity into the search, a URL from the
-   results, the value from the page into the answer), and the expert's data alone did not teach
+   results, the name from the page into the answer), and the expert's data alone did not teach
    it: after 600 SFT steps the model predicted the query's second token 2 times in 40 held-out
    turns, teacher-forced;
 3. SFT: cross-entropy on the policy's own tokens, plus the tool results' tokens at
@@ -26,20 +26,20 @@ The recipe (:class:`WarmStartRecipe`, one command: ``turnstile build-model tiny-
 
 Why not veRL's trainer (the learner every RL step uses, and ``turnstile sft``): on 2 CPU cores it
 runs at about half the arithmetic's speed (``benchmarks/learner_overhead.py``), and the build is
-the longest thing here: about an hour on 2 cores (20 minutes of expert data, 49 of training). The
-finished warm start is to be committed (``rollout/models/tiny-qwen3-sft``, 7.4 MB) with the
-CI-sized rebuild check :func:`rebuild_record` records.
+the longest thing here: about 80 minutes on 2 cores (15 of expert data, 67 of training), longer
+than a first run may take, so the result is committed (``rollout/models/tiny-qwen3-sft``, 7.4 MB)
+with the CI-sized rebuild check :func:`rebuild_record` records. A killed build continues where it
+stopped (:func:`build_warm_model`).
 
-Measured (docs/benchmarks/learning.md): the second recipe (8 ports, lower-case hyphenated
-addresses) copies the question's entity into its search (85 of 88 held-out queries whole,
-teacher-forced) but 4 of 88 visited addresses: it writes one of the 8 ports it was trained on and
-guesses the address's first lower-case fragment. This recipe (32 ports, addresses of the name's
-tokens) is meant to fix both; it is not measured yet. The default ``turnstile train`` does not
-use the warm start yet.
+Why this mix (docs/benchmarks/learning.md): the tiny model copies a name it has read (rare tokens)
+but not a value (a year, a colour: frequent tokens with a strong prior), so questions whose answer
+is a value were answered 0.9% of the time by the previous recipe; and it writes a port from memory
+rather than copying it, so the data uses the one port the default serves on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -57,12 +57,19 @@ from envs.datasets.registry import DatasetConfig
 from envs.env import EnvConfig
 from rollout.episode import EpisodeConfig
 from rollout.model_store import BUILD_INFO, WARM_MODEL, ensure_default_model
-from rollout.trajectory import Trajectory, load_trajectories
+from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
-DEFAULT_TASKS: dict[str, Any] = {"min_hops": 0, "max_hops": 1, "aggregation_fraction": 0.0, "count": 1200}
-"""The embedded default's question mix: questions answered on one page (an attribute of the start, or
-the name one relation away) or two (an attribute one relation away); 1,200 questions, ~1,080 for
-training and ~120 held out."""
+DEFAULT_TASKS: dict[str, Any] = {"min_hops": 1, "max_hops": 1, "entity_answer_fraction": 1.0,
+                                 "aggregation_fraction": 0.0, "count": 1200}
+"""The embedded default's question mix: the name one relation away ("What is the name of the
+founder of Quorin Society?"), read on one page; 1,200 questions, ~1,080 for training and ~120 held
+out. Questions whose answer is a value (a year, a colour) are left to the harder splits: the tiny
+warm start copies a name it has read (rare tokens) but not a value (frequent tokens with a strong
+prior; docs/benchmarks/learning.md)."""
+
+WARM_CORPUS_PORT = 20011
+"""The port the warm start's data was served on, and where the embedded default serves its corpus:
+the tiny model writes the port of an address from memory (it copies the rest)."""
 
 
 def default_episode() -> EpisodeConfig:
@@ -74,14 +81,13 @@ def default_episode() -> EpisodeConfig:
 class WarmStartRecipe:
     """Everything that decides the warm start (recorded in its ``turnstile-model.json``)."""
 
-    # The expert's data: the training split of 6,000 questions of the default mix (the split depends
+    # The expert's data: the training split of 5,000 questions of the default mix (the split depends
     # only on a question's id, so none of the default's held-out questions is among them).
-    tasks: dict[str, Any] = field(default_factory=lambda: {**DEFAULT_TASKS, "count": 6000})
+    tasks: dict[str, Any] = field(default_factory=lambda: {**DEFAULT_TASKS, "count": 5000})
     # The corpus is served on each of these ports for an equal share of the tasks: fixed, so every
-    # machine's trajectories hold the same URLs, and many, so the model must copy the address from
-    # the search results (``turnstile train`` serves the corpus on a free port). With 8 ports the
-    # model wrote one of the 8 from memory.
-    corpus_ports: tuple[int, ...] = tuple(range(20011, 60000, 1250))
+    # machine's trajectories hold the same URLs. With 8 or 32 ports the model still wrote a port it
+    # was trained on rather than copying it, so the recipe uses one, where the default serves.
+    corpus_ports: tuple[int, ...] = (WARM_CORPUS_PORT,)
     induction_steps: int = 500  # stage 1: copying random token runs, before any expert data
     induction_batch: int = 32  # runs per step, each 32 tokens written twice
     induction_weight: float = 1.0  # the same copying loss added to every SFT step, so it stays
@@ -96,21 +102,46 @@ class WarmStartRecipe:
 
 def build_warm_model(target: Path, recipe: WarmStartRecipe | None = None, *, force: bool = False,
                      progress: bool = True) -> Path:
-    """Run the recipe and write the model directory ``target`` (atomically); returns it."""
+    """Run the recipe and write the model directory ``target`` (atomically); returns it.
+
+    Resumable: the expert's data and a training checkpoint every :data:`CHECKPOINT_EVERY` steps are
+    kept in ``.<target>.work`` beside it while it builds (for this recipe only: its digest names
+    them), so a killed build continues where it stopped; the directory goes once the model is built."""
     recipe = recipe or WarmStartRecipe()
     if target.exists() and not force:
         raise FileExistsError(f"{target} exists; pass --force to rebuild it")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{target.name}.data.", dir=target.parent) as scratch:
-        started = time.monotonic()
-        trajectories = expert_trajectories(recipe, Path(scratch) / "expert.jsonl", progress=progress)
-        data_s = time.monotonic() - started
-    return train_warm_model(target, trajectories, recipe, data_seconds=data_s, progress=progress)
+    work = work_dir(target, recipe)
+    work.mkdir(parents=True, exist_ok=True)
+    data = work / "expert.jsonl"
+    started = time.monotonic()
+    if data.is_file():
+        trajectories = load_trajectories(data)
+    else:
+        trajectories = expert_trajectories(recipe, work / "expert-run.jsonl", progress=progress)
+        save_trajectories(trajectories, work / "expert.partial.jsonl")
+        (work / "expert.partial.jsonl").rename(data)
+    data_s = time.monotonic() - started
+    built = train_warm_model(target, trajectories, recipe, data_seconds=data_s, progress=progress,
+                             checkpoint=work / "train.pt")
+    shutil.rmtree(work, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        work.parent.rmdir()  # unless another recipe's build is under way
+    return built
+
+
+CHECKPOINT_EVERY = 50  # SFT steps between the build's resume checkpoints
+
+
+def work_dir(target: Path, recipe: WarmStartRecipe) -> Path:
+    """Where a build of ``recipe`` into ``target`` keeps its data and checkpoints until it is done."""
+    digest = hashlib.sha256(json.dumps(asdict(recipe), sort_keys=True).encode()).hexdigest()[:12]
+    return target.parent / f".{target.name}.work" / digest
 
 
 def train_warm_model(target: Path, trajectories: list[Trajectory], recipe: WarmStartRecipe, *,
                      data_seconds: float = 0.0, progress: bool = True,
-                     monitor: Callable[[int, Any], None] | None = None) -> Path:
+                     monitor: Callable[[int, Any], None] | None = None,
+                     checkpoint: Path | None = None) -> Path:
     """Stage the SFT of the tiny model on the expert's ``trajectories`` and its record, then move
     the directory to ``target`` (replacing it)."""
     base = ensure_default_model()
@@ -118,7 +149,8 @@ def train_warm_model(target: Path, trajectories: list[Trajectory], recipe: WarmS
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         sequences = training_sequences(trajectories, recipe.max_length)
-        report = train_sft(base, sequences, recipe, staging, progress=progress, monitor=monitor)
+        report = train_sft(base, sequences, recipe, staging, progress=progress, monitor=monitor,
+                           checkpoint=checkpoint)
         info = {
             "name": WARM_MODEL,
             "what": "the tiny Qwen3 after SFT on the scripted expert's correct trajectories of the "
@@ -206,11 +238,14 @@ def sequences_digest(sequences: list[tuple[list[int], list[int]]]) -> str:
 
 def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: WarmStartRecipe,
               out: Path, *, progress: bool = True,
-              monitor: Callable[[int, Any], None] | None = None) -> dict[str, Any]:
+              monitor: Callable[[int, Any], None] | None = None,
+              checkpoint: Path | None = None) -> dict[str, Any]:
     """Plain PyTorch SFT of ``base`` on ``sequences`` (see the module doc); saves to ``out``. The
     report has the final loss, the time, the throughput and ``trace``, the first steps' losses of
     both stages (what the rebuild check compares). ``monitor(step, model)`` is called every 50 SFT
-    steps (to watch a held-out measure while it trains)."""
+    steps (to watch a held-out measure while it trains). With ``checkpoint``, the training state is
+    saved there after the copying stage and every :data:`CHECKPOINT_EVERY` SFT steps, and a run
+    that finds it continues from it (the same steps, the same data order)."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -222,7 +257,14 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
     added = set(tokenizer.get_added_vocab().values())
     runs = RepeatedRuns(sorted({t for ids, _ in sequences for t in ids} - added), recipe.seed)
     trace: dict[str, list[float]] = {"induction": [], "sft": []}
-    started, tokens = time.monotonic(), 0
+    tokens, spent = 0, 0.0
+    saved = torch.load(checkpoint, weights_only=False) if checkpoint and checkpoint.is_file() else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        runs.rng.setstate(saved["runs_rng"])
+        torch.set_rng_state(saved["torch_rng"])
+        trace, tokens, spent = saved["trace"], saved["tokens"], saved["seconds"]
+    started = time.monotonic()
 
     def optimise(optimiser: torch.optim.Optimizer, scheduler: Any) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -232,17 +274,18 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
 
     # Stage 1: copying. A random-weight model copies nothing, and every question needs it: the
     # entity into the search, a URL from the results, the value from the page into the answer.
-    optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr / 2,  # constant; 1e-3 by default
-                                  betas=(0.9, 0.98), weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: 1.0)
-    bar = tqdm(range(recipe.induction_steps), desc="copying", unit="step", disable=not progress)
-    for _ in bar:
-        loss = runs.loss(model, recipe.induction_batch)
-        loss.backward()
-        optimise(optimiser, scheduler)
-        value = loss.detach().item()
-        _record(trace["induction"], value)
-        bar.set_postfix(loss=f"{value:.3f}")
+    if saved is None:
+        optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr / 2,  # constant; 1e-3 by default
+                                      betas=(0.9, 0.98), weight_decay=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: 1.0)
+        bar = tqdm(range(recipe.induction_steps), desc="copying", unit="step", disable=not progress)
+        for _ in bar:
+            loss = runs.loss(model, recipe.induction_batch)
+            loss.backward()
+            optimise(optimiser, scheduler)
+            value = loss.detach().item()
+            _record(trace["induction"], value)
+            bar.set_postfix(loss=f"{value:.3f}")
 
     # Stage 2: the expert's turns (and, at a lower weight, the tool results they read).
     optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.98), weight_decay=0.0)
@@ -254,8 +297,29 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
     rng = random.Random(recipe.seed)
     order: list[int] = []
+    done = 0
+    if saved is not None:
+        optimiser.load_state_dict(saved["optimiser"])
+        scheduler.load_state_dict(saved["scheduler"])
+        rng.setstate(saved["rng"])
+        order, done = saved["order"], saved["step"]
+
+    def save(step: int) -> None:
+        if checkpoint is None:
+            return
+        state = {"model": model.state_dict(), "optimiser": optimiser.state_dict(),
+                 "scheduler": scheduler.state_dict(), "rng": rng.getstate(),
+                 "runs_rng": runs.rng.getstate(), "torch_rng": torch.get_rng_state(), "order": order,
+                 "step": step, "trace": trace, "tokens": tokens,
+                 "seconds": spent + time.monotonic() - started}
+        torch.save(state, checkpoint.with_suffix(".partial"))
+        checkpoint.with_suffix(".partial").replace(checkpoint)
+
+    if saved is None:
+        save(0)
     loss_value = float("nan")
-    bar = tqdm(range(1, recipe.steps + 1), desc=f"sft {WARM_MODEL}", unit="step", disable=not progress)
+    bar = tqdm(range(done + 1, recipe.steps + 1), desc=f"sft {WARM_MODEL}", unit="step",
+               disable=not progress, initial=done, total=recipe.steps)
     for step in bar:
         if len(order) < recipe.batch:
             order += rng.sample(range(len(sequences)), len(sequences))
@@ -282,11 +346,13 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
         optimise(optimiser, scheduler)
         _record(trace["sft"], loss_value)
         bar.set_postfix(loss=f"{loss_value:.3f}")
+        if step % CHECKPOINT_EVERY == 0 and step < recipe.steps:
+            save(step)
         if monitor is not None and step % 50 == 0:
             model.eval()
             monitor(step, model)
             model.train()
-    seconds = time.monotonic() - started
+    seconds = spent + time.monotonic() - started
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     for name in ("generation_config.json",):

@@ -18,7 +18,8 @@ from rollout.trajectory import load_trajectories
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
 SMALL = ["steps=2", "tasks_per_step=1", "rollout.group_size=4", "rollout.engine.kind=hf",
          "rollout.episode.max_new_tokens=24", "rollout.episode.env.max_turns=2", "eval_every=2",
-         "eval_data.limit=1", "learner.mini_batch=4", "learner.micro_batch=2"]
+         "eval_data.limit=1", "learner.mini_batch=4", "learner.micro_batch=2", "learner.threads=0",
+         "rollout.corpus.port=0"]
 
 
 def test_step_tasks_walk_the_list_and_wrap() -> None:
@@ -47,7 +48,7 @@ def test_the_example_is_the_embedded_default() -> None:
 @pytest.mark.timeout(1200)  # two runs with their evaluations
 def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: Path,  # noqa: ARG001
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    job = load_config(TrainJob, EXAMPLE, [*SMALL, f"out={tmp_path}"])
+    job = load_config(TrainJob, EXAMPLE, [*SMALL, "eval_samples=2", f"out={tmp_path}"])
     state = run_train(job, progress=False)
     printed = capsys.readouterr().out
     assert state.step == 2 and state.weights_version == 2
@@ -75,7 +76,7 @@ def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: P
     assert "eval @ step 0" not in printed  # a resumed run does not measure its start again
     history = json.loads((tmp_path / "run.json").read_text())["history"]
     assert [int(m["step"]) for m in history] == [0, 1, 2, 3]
-    assert history[0]["eval/episodes"] == 1 and 0.0 <= history[0]["eval/accuracy"] <= 1.0
+    assert history[0]["eval/episodes"] == 2 and 0.0 <= history[0]["eval/accuracy"] <= 1.0  # 1 task x 2 samples
     assert "eval/accuracy_low" in history[0] and "eval/format_rate" in history[0]
     assert "eval/accuracy" in history[2] and "eval/accuracy" in history[3]  # every 2 steps, and the last
     assert all("format/ok_rate" in m and "time/rollout_s" in m and "learner/loss" in m for m in history[1:])

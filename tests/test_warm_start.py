@@ -34,14 +34,13 @@ def test_question_options_are_checked() -> None:
         question_config({"min_hops": 3, "max_hops": 1})
 
 
-def test_the_default_mix_needs_one_or_two_pages() -> None:
+def test_the_default_mix_asks_the_name_one_relation_away() -> None:
     tasks = load_tasks(DatasetConfig(kind="synthetic", path="", split="all", options=dict(DEFAULT_TASKS)))
     assert len(tasks) == DEFAULT_TASKS["count"]
-    pages = [len({url for clue in task.clues for url in clue.evidence_urls}) for task in tasks]
-    assert set(pages) == {1, 2}
-    assert 0.4 < pages.count(1) / len(pages) < 0.8  # some questions need a second page
-    zero_hop = [t for t in tasks if t.metadata["hops"] == 0]
-    assert zero_hop and all(t.metadata["attribute"] is not None for t in zero_hop)  # about the start itself
+    assert {len({url for clue in task.clues for url in clue.evidence_urls}) for task in tasks} == {1}
+    assert all(t.metadata["hops"] == 1 and t.metadata["attribute"] is None for t in tasks)
+    assert all(t.question.startswith("What is the name of the ") for t in tasks)
+    assert len({t.metadata["path"][0][1] for t in tasks}) == 16  # every relation of the schema
     held_out = load_tasks(DatasetConfig(kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)))
     assert len(held_out) >= 64 and not {t.id for t in held_out} & {
         t.id for t in load_tasks(DatasetConfig(kind="synthetic", path="", split="train",
@@ -123,3 +122,95 @@ def test_the_copying_task_teaches_a_random_model_to_copy() -> None:
         RepeatedRuns([], seed=0)
 
 
+
+
+# ---- the committed warm start (rollout/models/tiny-qwen3-sft) --------------------------------------
+
+def test_the_committed_warm_start_says_what_it_is() -> None:
+    """One version, safetensors, at most 10 MB, made by this recipe on the random model's tokenizer."""
+    path = warm_model_path()
+    weights = sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
+    assert weights == ["model.safetensors"]
+    assert sum(p.stat().st_size for p in path.iterdir()) <= 10 * 2**20
+    info = json.loads((path / BUILD_INFO).read_text())
+    assert info["name"] == WARM_MODEL and info["made_by"].startswith(f"turnstile build-model {WARM_MODEL}")
+    assert info["recipe"] == json.loads(json.dumps(asdict(WarmStartRecipe())))  # the recipe in the code
+    assert (path / "tokenizer.json").read_text() == (Path(resolve_model(RANDOM_MODEL)) / "tokenizer.json").read_text()
+
+
+@pytest.mark.integration
+def test_the_warm_start_rebuilds_and_reads_the_answer_off_the_page(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+    """The CI-sized rebuild: the expert's first 40 training tasks give the committed data's first
+    sequences (same digest) and the first steps of both stages give the recorded losses (within
+    1e-3: float sums differ between CPUs and thread counts). And what the warm start is for:
+    teacher-forced on held-out expert trajectories, it predicts the answer's tokens whole where the
+    random model predicts none."""
+    from transformers import AutoModelForCausalLM
+
+    from cluster.warm_start import expert_trajectories, rebuild_record, training_sequences
+
+    recipe = WarmStartRecipe()
+    info = json.loads((warm_model_path() / BUILD_INFO).read_text())
+    head = expert_trajectories(recipe, tmp_path / "train.jsonl", progress=False, limit=40, shards=1)
+    sequences = training_sequences(head, recipe.max_length)
+    assert len(sequences) >= CHECK_SEQUENCES
+    rebuilt = rebuild_record(Path(resolve_model(RANDOM_MODEL)), sequences[:CHECK_SEQUENCES], recipe)
+    assert rebuilt["sha256"] == info["check"]["sha256"]
+    for stage in ("induction", "sft"):
+        assert rebuilt["trace"][stage] == pytest.approx(info["check"]["trace"][stage], abs=1e-3)
+
+    held_out = expert_trajectories(recipe, tmp_path / "eval.jsonl", progress=False, split="eval", limit=24)
+    whole = {}
+    for name in (WARM_MODEL, RANDOM_MODEL):
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(name)).eval()
+        whole[name] = sum(answer_predicted_whole(model, ids) for ids, _ in
+                          training_sequences(held_out, recipe.max_length))
+    assert whole[RANDOM_MODEL] == 0 and whole[WARM_MODEL] >= len(held_out) // 2, whole
+
+
+def answer_predicted_whole(model: torch.nn.Module, ids: list[int]) -> bool:
+    """Whether the model's argmax, teacher-forced, is every token of the final answer and its
+    closing tag (the last ``<answer>``: the system prompt names the tags too)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(RANDOM_MODEL))
+    start = len(ids) - 1 - ids[::-1].index(tokenizer.convert_tokens_to_ids("<answer>"))
+    end = len(ids) - 1 - ids[::-1].index(tokenizer.convert_tokens_to_ids("</answer>"))
+    with torch.no_grad():
+        predicted = model(input_ids=torch.tensor([ids[:end]])).logits[0].argmax(-1).tolist()
+    return all(predicted[i - 1] == ids[i] for i in range(start + 1, end + 1))
+
+
+def test_a_killed_build_continues_from_its_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """SFT killed after its second step's checkpoint, run again: the same weights as one run through
+    (the model, the optimiser, the schedule, the data order and both random streams are restored)."""
+    import cluster.warm_start as warm
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(warm, "CHECKPOINT_EVERY", 2)
+    rng = torch.Generator().manual_seed(0)
+    sequences = [(torch.randint(20, 4000, (60,), generator=rng).tolist(), [0] * 20 + [1] * 20 + [0] * 10 + [1] * 10)
+                 for _ in range(5)]
+    recipe = WarmStartRecipe(induction_steps=2, induction_batch=4, steps=5, batch=2, warmup_steps=1)
+    base = Path(resolve_model(RANDOM_MODEL))
+    warm.train_sft(base, sequences, recipe, tmp_path / "through", progress=False)
+
+    steps = []
+    real_record = warm._record
+
+    def killed_at_step_3(trace: list[float], loss: float) -> None:
+        steps.append(loss)
+        if len(steps) == 2 + 3:  # the copying stage's 2 steps, then SFT's 3rd
+            raise KeyboardInterrupt
+        real_record(trace, loss)
+
+    monkeypatch.setattr(warm, "_record", killed_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        warm.train_sft(base, sequences, recipe, tmp_path / "killed", progress=False, checkpoint=tmp_path / "state.pt")
+    monkeypatch.setattr(warm, "_record", real_record)
+    report = warm.train_sft(base, sequences, recipe, tmp_path / "resumed", progress=False,
+                            checkpoint=tmp_path / "state.pt")
+    through, resumed = (load_file(tmp_path / name / "model.safetensors") for name in ("through", "resumed"))
+    assert through.keys() == resumed.keys()
+    assert all(torch.equal(through[key], resumed[key]) for key in through)
+    assert len(report["trace"]["sft"]) == TRACE_STEPS
