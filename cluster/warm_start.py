@@ -26,7 +26,7 @@ The recipe (:class:`WarmStartRecipe`, one command: ``turnstile build-model tiny-
 
 Why not veRL's trainer (the learner every RL step uses, and ``turnstile sft``): on 2 CPU cores it
 runs at about half the arithmetic's speed (``benchmarks/learner_overhead.py``), and the build is
-the longest thing here: about 80 minutes on 2 cores (15 of expert data, 67 of training), longer
+the longest thing here: about 90 minutes on 2 cores (14 of expert data, 72 of training), longer
 than a first run may take, so the result is committed (``rollout/models/tiny-qwen3-sft``, 7.4 MB)
 with the CI-sized rebuild check :func:`rebuild_record` records. A killed build continues where it
 stopped (:func:`build_warm_model`).
@@ -62,7 +62,7 @@ from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 DEFAULT_TASKS: dict[str, Any] = {"min_hops": 1, "max_hops": 1, "entity_answer_fraction": 1.0,
                                  "aggregation_fraction": 0.0, "count": 1200}
 """The embedded default's question mix: the name one relation away ("What is the name of the
-founder of Quorin Society?"), read on one page; 1,200 questions, ~1,080 for training and ~120 held
+founder of Quorin Society?"), read on one page; 1,200 questions, 1,090 for training and 110 held
 out. Questions whose answer is a value (a year, a colour) are left to the harder splits: the tiny
 warm start copies a name it has read (rare tokens) but not a value (frequent tokens with a strong
 prior; docs/benchmarks/learning.md)."""
@@ -112,15 +112,16 @@ def build_warm_model(target: Path, recipe: WarmStartRecipe | None = None, *, for
         raise FileExistsError(f"{target} exists; pass --force to rebuild it")
     work = work_dir(target, recipe)
     work.mkdir(parents=True, exist_ok=True)
-    data = work / "expert.jsonl"
-    started = time.monotonic()
-    if data.is_file():
-        trajectories = load_trajectories(data)
+    data, timing = work / "expert.jsonl", work / "expert.seconds"
+    if data.is_file() and timing.is_file():
+        trajectories, data_s = load_trajectories(data), float(timing.read_text())
     else:
+        started = time.monotonic()
         trajectories = expert_trajectories(recipe, work / "expert-run.jsonl", progress=progress)
+        data_s = time.monotonic() - started
         save_trajectories(trajectories, work / "expert.partial.jsonl")
+        timing.write_text(f"{data_s:.1f}\n")
         (work / "expert.partial.jsonl").rename(data)
-    data_s = time.monotonic() - started
     built = train_warm_model(target, trajectories, recipe, data_seconds=data_s, progress=progress,
                              checkpoint=work / "train.pt")
     shutil.rmtree(work, ignore_errors=True)

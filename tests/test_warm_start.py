@@ -75,12 +75,13 @@ def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp
     recipe = WarmStartRecipe(tasks={**DEFAULT_TASKS, "count": 60}, corpus_ports=(0,), induction_steps=2,
                              induction_batch=4, steps=2, batch=2)
     target = build_warm_model(tmp_path / "warm", recipe, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["warm"]  # the build's data and checkpoints are gone
     info = json.loads((target / BUILD_INFO).read_text())
     assert info["name"] == WARM_MODEL and "scripted expert" in info["what"]
     assert info["made_by"].startswith(f"turnstile build-model {WARM_MODEL}")
     assert info["recipe"] == json.loads(json.dumps(asdict(recipe)))
     assert info["data"]["episodes"] >= 40 and info["data"]["policy_tokens"] < info["data"]["tokens"]
-    assert len(info["data"]["sha256"]) == 64 and info["train"]["seconds"] > 0
+    assert len(info["data"]["sha256"]) == 64 and info["train"]["seconds"] > 0 and info["data"]["seconds"] > 0
     check = info["check"]
     assert check["sequences"] == min(CHECK_SEQUENCES, info["data"]["sequences"])
     assert len(check["trace"]["induction"]) == len(check["trace"]["sft"]) == TRACE_STEPS

@@ -3,7 +3,7 @@
 - ``tiny-qwen3`` (the default): the tiny Qwen3 with random weights and a tokenizer trained locally
   (ChatML template), into the cache directory or ``--out``; also built on first use.
 - ``tiny-qwen3-sft``: the warm start of the embedded ``turnstile train`` (:mod:`cluster.warm_start`:
-  copying, then SFT on the scripted expert's trajectories), into ``--out`` (about 80 minutes on 2
+  copying, then SFT on the scripted expert's trajectories), into ``--out`` (about 90 minutes on 2
   cores; a killed build continues where it stopped). The repository holds the result
   (``rollout/models/tiny-qwen3-sft``); this is the command that rebuilds it.
 """
