@@ -1,19 +1,18 @@
 """The papers' ablations in miniature: arms of ``turnstile train`` from the same warm start, at the
 same sample budget, several seeds each, with held-out accuracy before and after.
 
-Every arm is the embedded default (``examples/train.yaml``) plus its own overrides (:data:`ARMS`) and
-the campaign's (the trailing ``key=value`` arguments: the warm start as ``rollout.engine.model=DIR``,
-the budget as ``steps=10 tasks_per_step=4 rollout.group_size=8``, ``eval_data.limit=64``), with an
-evaluation before the first update, every 5 steps and after the last. A seed sets the learner's seed
-and the sampling seed of every turn.
+Every arm is the embedded default (``examples/train.yaml``: the warm start ``tiny-qwen3-sft``, 10
+steps of 4 tasks × 8 samples, all 110 held-out tasks) plus its own overrides (:data:`ARMS`) and the
+campaign's (the trailing ``key=value`` arguments, e.g. another budget), with an evaluation before
+the first update, every 5 steps and after the last. A seed sets the learner's seed and the
+sampling seed of every turn.
 
 Resumable: each (arm, seed) trains in ``OUT/<arm>/seed<k>``; a finished one (its ``run.json`` at the
 last step with the final evaluation) is not rerun, an unfinished one continues from its checkpoint
 (``resume=true``). After every finished run the table (``OUT/results.json``, and with ``--doc`` the
 Markdown table and the PNG of the curves) is rewritten, so a killed campaign loses at most one run.
 
-    .venv/bin/python benchmarks/learning.py [--arms grpo,igpo] [--seeds 3] [--out runs/learning] \
-        rollout.engine.model=DIR steps=10 tasks_per_step=4 rollout.group_size=8 eval_data.limit=64
+    .venv/bin/python benchmarks/learning.py [--arms grpo,igpo] [--seeds 3] [--out runs/learning] [key=value ...]
     .venv/bin/python benchmarks/learning.py --report-only --doc docs/benchmarks/learning.md
 """
 
