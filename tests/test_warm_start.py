@@ -146,7 +146,7 @@ def test_the_warm_start_rebuilds_and_reads_the_answer_off_the_page(ray_local: No
     1e-3: float sums differ between CPUs and thread counts). And what the warm start is for:
     teacher-forced on held-out expert trajectories, it predicts the answer's tokens whole where the
     random model predicts none."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from cluster.warm_start import expert_trajectories, rebuild_record, training_sequences
 
@@ -161,22 +161,20 @@ def test_the_warm_start_rebuilds_and_reads_the_answer_off_the_page(ray_local: No
         assert rebuilt["trace"][stage] == pytest.approx(info["check"]["trace"][stage], abs=1e-3)
 
     held_out = expert_trajectories(recipe, tmp_path / "eval.jsonl", progress=False, split="eval", limit=24)
+    sequences = [ids for ids, _ in training_sequences(held_out, recipe.max_length)]
+    tags = AutoTokenizer.from_pretrained(resolve_model(RANDOM_MODEL)).convert_tokens_to_ids(["<answer>", "</answer>"])
     whole = {}
     for name in (WARM_MODEL, RANDOM_MODEL):
         model = AutoModelForCausalLM.from_pretrained(resolve_model(name)).eval()
-        whole[name] = sum(answer_predicted_whole(model, ids) for ids, _ in
-                          training_sequences(held_out, recipe.max_length))
+        whole[name] = sum(answer_predicted_whole(model, ids, *tags) for ids in sequences)
     assert whole[RANDOM_MODEL] == 0 and whole[WARM_MODEL] >= len(held_out) // 2, whole
 
 
-def answer_predicted_whole(model: torch.nn.Module, ids: list[int]) -> bool:
+def answer_predicted_whole(model: torch.nn.Module, ids: list[int], open_tag: int, close_tag: int) -> bool:
     """Whether the model's argmax, teacher-forced, is every token of the final answer and its
     closing tag (the last ``<answer>``: the system prompt names the tags too)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(RANDOM_MODEL))
-    start = len(ids) - 1 - ids[::-1].index(tokenizer.convert_tokens_to_ids("<answer>"))
-    end = len(ids) - 1 - ids[::-1].index(tokenizer.convert_tokens_to_ids("</answer>"))
+    start = len(ids) - 1 - ids[::-1].index(open_tag)
+    end = len(ids) - 1 - ids[::-1].index(close_tag)
     with torch.no_grad():
         predicted = model(input_ids=torch.tensor([ids[:end]])).logits[0].argmax(-1).tolist()
     return all(predicted[i - 1] == ids[i] for i in range(start + 1, end + 1))
