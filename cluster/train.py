@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -84,6 +85,7 @@ class TrainJob:
     staleness: int = 1  # η: async rollout runs at most this many versions ahead; older samples drop
     steps: int = 10
     tasks_per_step: int = 4  # tasks per step; each gets rollout.group_size samples
+    shuffle: bool = True  # train tasks in a new random order each pass (seed: learner.seed); false = list order
     rollout: RolloutConfig = field(default_factory=_default_rollout)  # data, engine, fleet, episode, ...
     eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
         kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)))  # all 110 held out
@@ -145,9 +147,21 @@ def check(job: TrainJob) -> None:
     check_durability(job.store)  # a Redis that would lose acknowledged items (StoreError)
 
 
-def step_tasks(tasks: list[Task], step: int, per_step: int) -> list[Task]:
-    """The tasks of ``step``: a fixed walk through the task list, so a resumed run continues it."""
-    return [tasks[(step * per_step + i) % len(tasks)] for i in range(per_step)]
+def task_at(tasks: list[Task], k: int, shuffle: bool, seed: int) -> Task:
+    """The ``k``-th task the run trains on: pass ``k // len(tasks)`` over the list, in a random order
+    drawn from ``seed`` and the pass (``shuffle``, as veRL's ``data.shuffle``), or in list order. A
+    function of ``k`` alone, so a resumed run continues the same walk."""
+    n = len(tasks)
+    if not shuffle:
+        return tasks[k % n]
+    order = list(range(n))
+    random.Random(f"{seed}/{k // n}").shuffle(order)
+    return tasks[order[k % n]]
+
+
+def step_tasks(tasks: list[Task], step: int, per_step: int, shuffle: bool, seed: int) -> list[Task]:
+    """The tasks of ``step``: the next ``per_step`` of the walk (:func:`task_at`)."""
+    return [task_at(tasks, step * per_step + i, shuffle, seed) for i in range(per_step)]
 
 
 def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
@@ -238,7 +252,7 @@ class Run:
         job, state = self.job, self.state
         while state.step < job.steps:
             started = time.monotonic()
-            batch = step_tasks(self.tasks, state.step, job.tasks_per_step)
+            batch = step_tasks(self.tasks, state.step, job.tasks_per_step, job.shuffle, job.learner.seed)
             episodes = [(task, f"s{state.step}-{task.id}", sample)
                         for task in batch for sample in range(job.rollout.group_size)]
             trajectories, failed, rerun = collect(self.workers, episodes, job.rollout.fleet,

@@ -29,6 +29,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from cluster.rollout import episode_raised, failed_trajectory
+from cluster.train import task_at
 from rewards.service import RewardService
 from rollout.store import FINISHED, build_store
 from rollout.trajectory import Trajectory
@@ -59,7 +60,7 @@ async def async_loop(run: Run) -> None:
             bound = (job.staleness + state.weights_version + 1) * batch
             while (state.accepted + len(running) + group_size <= bound
                    and sum(capacity - n for n in load) >= group_size):
-                task = run.tasks[state.cursor % len(run.tasks)]
+                task = task_at(run.tasks, state.cursor, job.shuffle, job.learner.seed)
                 uid = f"a{state.cursor}-{task.id}"
                 state.cursor += 1
                 for sample in range(group_size):

@@ -5,6 +5,10 @@ PID, mount and network namespaces (``unshare``): there `ray start --head` gets t
 `ray stop` sees only the recipe's own processes (the test session's Ray is untouched), and `/tmp`
 (Ray's session directory) is a private tmpfs. The namespaces isolate the recipe; they change none
 of its commands. Killing ``unshare`` kills everything the recipe started.
+
+One thing differs from the README: the job gets ``steps=2 eval_data.limit=16`` after its config, so
+the recipe's mechanics (token, head, submit, the job's own driver, stop) run in minutes; the whole
+default's learning is the business of ``turnstile train`` and its benchmark, not of this recipe.
 """
 
 from __future__ import annotations
@@ -36,18 +40,25 @@ def test_readme_recipe_names_the_auth_mode() -> None:
     assert "ray job submit" in recipe and recipe.rstrip().endswith("ray stop")
 
 
-@pytest.mark.timeout(2100)  # the whole default job (about 15 minutes), its evaluations included
+JOB = "turnstile train --config examples/train.yaml"
+SHORT = "steps=2 eval_data.limit=16"
+
+
+@pytest.mark.timeout(1200)
 def test_readme_ray_job_recipe_runs_as_written() -> None:
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         pytest.fail("the recipe test needs util-linux's unshare and iproute2's ip (Debian: both "
                     "installed by default)")
+    recipe = readme_recipe()
+    assert JOB in recipe, "the recipe no longer submits the default job"
+    recipe = recipe.replace(JOB, f"{JOB} {SHORT}")
     isolate = "ip link set lo up && mount -t tmpfs tmpfs /tmp && exec bash"
     result = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--mount", "--mount-proc", "--kill-child",
          "bash", "-c", isolate],
-        input=readme_recipe(), cwd=REPO, capture_output=True, text=True, timeout=2000)
+        input=recipe, cwd=REPO, capture_output=True, text=True, timeout=1100)
     printed = result.stdout + result.stderr
-    assert "done: 10 steps, weights version 10" in printed, printed[-4000:]  # the job's own output
-    assert "held-out accuracy" in printed and "(step 0 -> 10)" in printed, printed[-4000:]
+    assert "done: 2 steps, weights version 2" in printed, printed[-4000:]  # the job's own output
+    assert "held-out accuracy" in printed and "(step 0 -> 2)" in printed, printed[-4000:]
     assert re.search(r"Job 'raysubmit_\w+' succeeded", printed), printed[-4000:]
     assert "Stopped all" in printed or "stopped" in printed.lower(), printed[-2000:]  # ray stop ran

@@ -341,8 +341,12 @@ async def test_memory_store_loses_everything_with_its_actor(ray_local: None) -> 
     shared = build_store(config)  # a second client finds the same actor by name
     assert await shared.length(FINISHED) == 1
     ray.kill(ray.get_actor(config.actor_name))
+    # ray.kill only sends the kill: a call that reaches the actor first is still answered. Within
+    # seconds every call must fail, saying the data is lost.
     with pytest.raises(StoreUnavailableError, match="lost"):
-        await store.length(FINISHED)
+        for _ in range(100):
+            await store.length(FINISHED)
+            await asyncio.sleep(0.1)
     # The name is free again: a new store starts empty. Nothing came back.
     await asyncio.sleep(0.5)
     reborn = build_store(config)

@@ -24,8 +24,19 @@ SMALL = ["steps=2", "tasks_per_step=1", "rollout.group_size=4", "rollout.engine.
 
 def test_step_tasks_walk_the_list_and_wrap() -> None:
     tasks = [Task(id=str(i), question="q", answers=("a",)) for i in range(5)]
-    assert [t.id for t in step_tasks(tasks, 0, 2)] == ["0", "1"]
-    assert [t.id for t in step_tasks(tasks, 2, 2)] == ["4", "0"]
+    assert [t.id for t in step_tasks(tasks, 0, 2, shuffle=False, seed=0)] == ["0", "1"]
+    assert [t.id for t in step_tasks(tasks, 2, 2, shuffle=False, seed=0)] == ["4", "0"]
+
+
+def test_shuffled_steps_visit_every_task_once_a_pass_in_a_new_order() -> None:
+    tasks = [Task(id=str(i), question="q", answers=("a",)) for i in range(20)]
+    walk = [t.id for step in range(10) for t in step_tasks(tasks, step, 4, shuffle=True, seed=7)]
+    first, second = walk[:20], walk[20:]
+    assert sorted(first) == sorted(second) == sorted(t.id for t in tasks)  # each pass: all, once
+    assert first != [t.id for t in tasks] and first != second  # shuffled, and anew each pass
+    # A function of the step alone (a resumed run continues the walk); the seed changes it.
+    assert [t.id for t in step_tasks(tasks, 3, 4, shuffle=True, seed=7)] == walk[12:16]
+    assert walk != [t.id for step in range(10) for t in step_tasks(tasks, step, 4, shuffle=True, seed=8)]
 
 
 def test_bad_settings_are_named() -> None:
