@@ -65,11 +65,11 @@ IG_REWARD = "information_gain"
 
 def _default_rollout() -> RolloutConfig:
     """The embedded default (as examples/train.yaml): synthetic questions answered on one page, the
-    warm start on vLLM with the corpus where its data was served, 8 samples per task, the scripted
+    warm start on vLLM with the corpus where its data was served, 4 samples per task, the scripted
     expert's episode settings."""
     rollout = RolloutConfig()
     rollout.data = DatasetConfig(kind="synthetic", path="", split="train", options=dict(DEFAULT_TASKS))
-    rollout.group_size = 8
+    rollout.group_size = 4
     rollout.engine.model = WARM_MODEL
     rollout.corpus.port = WARM_CORPUS_PORT
     rollout.fleet.episodes_per_worker = 16
@@ -84,7 +84,7 @@ class TrainJob:
     name: str = ""  # prefix of the run's Ray actor names (<name>-worker-0, -engine-0, -reward-0); "" = random
     staleness: int = 1  # η: async rollout runs at most this many versions ahead; older samples drop
     steps: int = 10
-    tasks_per_step: int = 4  # tasks per step; each gets rollout.group_size samples
+    tasks_per_step: int = 8  # tasks per step; each gets rollout.group_size samples
     shuffle: bool = True  # train tasks in a new random order each pass (seed: learner.seed); false = list order
     rollout: RolloutConfig = field(default_factory=_default_rollout)  # data, engine, fleet, episode, ...
     eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
