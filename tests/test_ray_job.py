@@ -2,8 +2,9 @@
 
 The block after the README's ``<!-- ray-job-recipe -->`` marker is run verbatim by bash, inside new
 PID, mount and network namespaces (``unshare``): there `ray start --head` gets the default ports,
-`ray stop` sees only the recipe's own processes (the test session's Ray is untouched), and `/tmp`
-(Ray's session directory) is a private tmpfs. The namespaces isolate the recipe; they change none
+`ray stop` sees only the recipe's own processes (the test session's Ray is untouched), and
+`/tmp/ray` (Ray's session directory) is a private tmpfs — only that directory, so a checkout under
+`/tmp` (its `.venv` on the recipe's PATH) stays visible. The namespaces isolate the recipe; they change none
 of its commands. Killing ``unshare`` kills everything the recipe started.
 
 One thing differs from the README: the job gets ``steps=2 eval_data.limit=16`` after its config, so
@@ -52,7 +53,7 @@ def test_readme_ray_job_recipe_runs_as_written() -> None:
     recipe = readme_recipe()
     assert JOB in recipe, "the recipe no longer submits the default job"
     recipe = recipe.replace(JOB, f"{JOB} {SHORT}")
-    isolate = "ip link set lo up && mount -t tmpfs tmpfs /tmp && exec bash"
+    isolate = "ip link set lo up && mkdir -p /tmp/ray && mount -t tmpfs tmpfs /tmp/ray && exec bash"
     result = subprocess.run(
         ["unshare", "--net", "--pid", "--fork", "--mount", "--mount-proc", "--kill-child",
          "bash", "-c", isolate],

@@ -153,7 +153,8 @@ def test_tool_failures_at_30_percent_every_episode_completes(ray_local: None, re
     job = load_config(TrainJob, EXAMPLE, overrides(
         tmp_path, "memory", redis_url, "rollout.engine.kind=scripted", "rollout.episode.max_new_tokens=200",
         "rollout.episode.context_budget=4096", "rollout.episode.env.max_turns=12",
-        "rollout.tools.toolbox.inject_failure_rate=0.3", "rollout.tools.toolbox.max_attempts=1",
+        "rollout.tools.toolbox.inject_failure_rate=0.3", "rollout.tools.toolbox.inject_seed=3",
+        "rollout.tools.toolbox.max_attempts=1",
         "rollout.tools.toolbox.cache.backend=none"))
     state = run_train(job, progress=False)
     assert state.step == STEPS
@@ -163,10 +164,14 @@ def test_tool_failures_at_30_percent_every_episode_completes(ray_local: None, re
                for t in samples)
     calls = [turn for t in samples for turn in t.turns if turn.tool_ok is not None]
     failed = [turn for turn in calls if turn.tool_ok is False]
-    assert len(calls) >= 30 and 0.15 <= len(failed) / len(calls) <= 0.45
+    # ~35 calls at 30%: bounds about 2.5 standard deviations wide (which calls fail depends on how
+    # the async fleet spreads the episodes over the two workers, each drawing from its seeded stream).
+    assert len(calls) >= 30 and 0.1 <= len(failed) / len(calls) <= 0.5
     assert {turn.tool_error for turn in failed} == {"injected"}
-    # ... and the failures are in the metrics and on the console.
+    # ... and the failures are in the metrics and on the console. (A step's ~10 calls may all
+    # succeed: 0.7^10 = 3%; so the per-step rate is only required to be a rate.)
     history = json.loads((tmp_path / "run.json").read_text())["history"]
     assert sum(m["rollout/tool_failures"] for m in history) == len(failed)
-    assert all(0.0 < m["rollout/tool_error_rate"] < 1.0 for m in history)
+    assert all(0.0 <= m["rollout/tool_error_rate"] <= 1.0 for m in history)
+    assert any(m["rollout/tool_error_rate"] > 0.0 for m in history)
     assert "tool failures" in capsys.readouterr().out
