@@ -12,6 +12,7 @@ staleness bound (:mod:`cluster.train_async`); both modes share :meth:`Run.learn`
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -152,11 +153,14 @@ def task_at(tasks: list[Task], k: int, shuffle: bool, seed: int) -> Task:
     drawn from ``seed`` and the pass (``shuffle``, as veRL's ``data.shuffle``), or in list order. A
     function of ``k`` alone, so a resumed run continues the same walk."""
     n = len(tasks)
-    if not shuffle:
-        return tasks[k % n]
+    return tasks[_pass_order(n, seed, k // n)[k % n] if shuffle else k % n]
+
+
+@functools.lru_cache(maxsize=2)  # a step's tasks lie in one or two passes: shuffle a pass once
+def _pass_order(n: int, seed: int, pass_: int) -> tuple[int, ...]:
     order = list(range(n))
-    random.Random(f"{seed}/{k // n}").shuffle(order)
-    return tasks[order[k % n]]
+    random.Random(f"{seed}/{pass_}").shuffle(order)
+    return tuple(order)
 
 
 def step_tasks(tasks: list[Task], step: int, per_step: int, shuffle: bool, seed: int) -> list[Task]:

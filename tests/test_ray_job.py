@@ -4,8 +4,8 @@ The block after the README's ``<!-- ray-job-recipe -->`` marker is run verbatim 
 PID, mount and network namespaces (``unshare``): there `ray start --head` gets the default ports,
 `ray stop` sees only the recipe's own processes (the test session's Ray is untouched), and
 `/tmp/ray` (Ray's session directory) is a private tmpfs — only that directory, so a checkout under
-`/tmp` (its `.venv` on the recipe's PATH) stays visible. The namespaces isolate the recipe; they change none
-of its commands. Killing ``unshare`` kills everything the recipe started.
+`/tmp` (its `.venv` on the recipe's PATH) stays visible. The namespaces isolate the recipe without
+changing its commands. Killing ``unshare`` kills everything the recipe started.
 
 One thing differs from the README: the job gets ``steps=2 eval_data.limit=16`` after its config, so
 the recipe's mechanics (token, head, submit, the job's own driver, stop) run in minutes; the whole
