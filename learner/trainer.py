@@ -18,6 +18,7 @@ rank together is exactly the k-th global mini-batch we chose: the update is the 
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -55,6 +56,8 @@ class LearnerConfig:
     epochs: int = 1  # passes over a batch (PPO epochs)
     lr: float = 1e-5
     weight_decay: float = 0.0
+    optimizer: str = "AdamW"  # a class of torch.optim
+    optimizer_options: dict[str, Any] = field(default_factory=dict)  # its other arguments, e.g. {eps: 1e-6}
     grad_clip: float = 1.0
     total_steps: int = 1000  # for the learning-rate schedule
     warmup_steps: int = 0
@@ -92,6 +95,19 @@ class LearnerConfig:
             raise LearnerError("learner.kl_coef must be >= 0")
         if self.threads < 0:
             raise LearnerError("learner.threads must be >= 0 (0 = learner.num_cpus_per_worker)")
+        known = getattr(torch.optim, self.optimizer, None)
+        if not (isinstance(known, type) and issubclass(known, torch.optim.Optimizer)):
+            raise LearnerError(f"learner.optimizer={self.optimizer!r} is not an optimiser of torch.optim "
+                               "(AdamW, Adam, SGD, ...)")
+        accepted = set(inspect.signature(known).parameters) - {"self", "params"}
+        unknown = sorted(set(self.optimizer_options) - accepted)
+        if unknown:
+            raise LearnerError(f"learner.optimizer_options: {', '.join(unknown)} is not an argument of "
+                               f"torch.optim.{self.optimizer} ({', '.join(sorted(accepted))})")
+        reserved = sorted({"lr", "weight_decay"} & set(self.optimizer_options))
+        if reserved:
+            raise LearnerError(f"learner.optimizer_options: set {', '.join(reserved)} with learner.{reserved[0]}, "
+                               "not in the options")
 
 
 @dataclass
@@ -228,7 +244,8 @@ class Learner:
                                   **engine_settings)
         optimizer = None if forward_only else FSDPOptimizerConfig(
             lr=c.lr, weight_decay=c.weight_decay, clip_grad=c.grad_clip,
-            total_training_steps=c.total_steps, lr_warmup_steps=c.warmup_steps)
+            total_training_steps=c.total_steps, lr_warmup_steps=c.warmup_steps, optimizer=c.optimizer,
+            optimizer_impl="torch.optim", override_optimizer_config=dict(c.optimizer_options) or None)
         return TrainingWorkerConfig(model_type="language_model", model_config=model, engine_config=engine,
                                     optimizer_config=optimizer, checkpoint_config=None)
 

@@ -61,6 +61,12 @@ def test_config_errors_name_the_setting() -> None:
         LearnerConfig(loss="ppo")
     with pytest.raises(LearnerError, match="learner.threads must be >= 0"):
         LearnerConfig(threads=-1)
+    with pytest.raises(LearnerError, match="'Adamw' is not an optimiser of torch.optim"):
+        LearnerConfig(optimizer="Adamw")
+    with pytest.raises(LearnerError, match="eps is not an argument of torch.optim.SGD"):
+        LearnerConfig(optimizer="SGD", optimizer_options={"eps": 1e-3})
+    with pytest.raises(LearnerError, match="set lr with learner.lr"):
+        LearnerConfig(optimizer_options={"lr": 1e-3})
     with pytest.raises(LearnerError, match="not started"):
         Learner(LearnerConfig()).full_weights()
 
@@ -205,3 +211,26 @@ def test_gspo_loss_with_kl_to_the_reference(ray_local: None) -> None:  # noqa: A
     assert first["actor/pg_clipfrac"] == 0.0
     # After an update the policy has moved away from the reference.
     assert second["kl_loss"] > 1e-6
+
+
+def test_optimizer_setting_reaches_the_update(ray_local: None) -> None:  # noqa: ARG001
+    """``learner.optimizer`` and its options build veRL's optimiser: Adam's first step moves every
+    weight with a gradient by the learning rate (its sign), plain SGD moves each by lr x gradient."""
+    samples = random_samples(4, seed=8)
+    moves = {}
+    for name, options in (("AdamW", {"eps": 1e-12}), ("SGD", {"momentum": 0.0})):
+        learner = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-3, grad_clip=1e6,
+                                        optimizer=name, optimizer_options=options)).start()
+        try:
+            before = learner.full_weights()
+            learner.train_rl(samples)
+            after = learner.full_weights()
+        finally:
+            learner.close()
+        moves[name] = torch.cat([(after[key] - before[key]).abs().flatten() for key in before])
+    adam, sgd = moves["AdamW"], moves["SGD"]
+    moved = adam[adam > 0]
+    assert moved.numel() > 0.5 * adam.numel()
+    off_lr = (moved - 1e-3).abs() > 1e-5  # ±lr: the sign of the gradient (float32 rounding aside)
+    assert off_lr.float().mean() < 1e-3 and moved.max() < 1.01e-3
+    assert sgd.max() > 0 and sgd.max() > 50 * sgd[sgd > 0].median()  # proportional to the gradient
