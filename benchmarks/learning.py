@@ -1,7 +1,7 @@
 """The papers' ablations in miniature: arms of ``turnstile train`` from the same warm start, at the
 same sample budget, several seeds each, with held-out accuracy before and after.
 
-Every arm is the embedded default (``examples/train.yaml``: the warm start ``tiny-qwen3-sft``, 10
+Every arm is the embedded default (``examples/train.yaml``: the warm start ``tiny-qwen3-mixed``, 10
 steps of 8 tasks × 4 samples, all 110 held-out tasks) plus its own overrides (:data:`ARMS`) and the
 campaign's (the trailing ``key=value`` arguments, e.g. another budget), with an evaluation before
 the first update, every 5 steps and after the last. A seed sets the learner's seed and the

@@ -56,7 +56,8 @@ from cluster.rollout import RolloutConfig, run_rollout
 from envs.datasets.registry import DatasetConfig
 from envs.env import EnvConfig
 from rollout.episode import EpisodeConfig
-from rollout.model_store import BUILD_INFO, WARM_MODEL, ensure_default_model
+from envs.synthetic.expert import ExpertConfig
+from rollout.model_store import BUILD_INFO, RANDOM_MODEL, SFT_MODEL, WARM_MODEL, resolve_model
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
 DEFAULT_TASKS: dict[str, Any] = {"min_hops": 1, "max_hops": 1, "entity_answer_fraction": 1.0,
@@ -79,8 +80,10 @@ def default_episode() -> EpisodeConfig:
 
 @dataclass(frozen=True)
 class WarmStartRecipe:
-    """Everything that decides the warm start (recorded in its ``turnstile-model.json``)."""
+    """Everything that decides a model this module builds (recorded in its ``turnstile-model.json``):
+    by default ``tiny-qwen3-sft``'s; :data:`RECIPES` has both."""
 
+    base: str = RANDOM_MODEL  # the model the recipe starts from (a name or a directory)
     # The expert's data: the training split of 5,000 questions of the default mix (the split depends
     # only on a question's id, so none of the default's held-out questions is among them).
     tasks: dict[str, Any] = field(default_factory=lambda: {**DEFAULT_TASKS, "count": 5000})
@@ -88,6 +91,11 @@ class WarmStartRecipe:
     # machine's trajectories hold the same URLs. With 8 or 32 ports the model still wrote a port it
     # was trained on rather than copying it, so the recipe uses one, where the default serves.
     corpus_ports: tuple[int, ...] = (WARM_CORPUS_PORT,)
+    limit: int | None = None  # only the first tasks of the training split (of each port's share)
+    # The share of tasks the expert answers hastily: from the first search listing, without opening
+    # a page (a guess, nearly always wrong). Those trajectories are kept whatever their outcome; the
+    # others only when correct (:func:`expert_trajectories`).
+    hasty_fraction: float = 0.0
     induction_steps: int = 500  # stage 1: copying random token runs, before any expert data
     induction_batch: int = 32  # runs per step, each 32 tokens written twice
     induction_weight: float = 1.0  # the same copying loss added to every SFT step, so it stays
@@ -100,14 +108,35 @@ class WarmStartRecipe:
     seed: int = 0
 
 
-def build_warm_model(target: Path, recipe: WarmStartRecipe | None = None, *, force: bool = False,
-                     progress: bool = True) -> Path:
-    """Run the recipe and write the model directory ``target`` (atomically); returns it.
+RECIPES: dict[str, WarmStartRecipe] = {
+    SFT_MODEL: WarmStartRecipe(),
+    # The warm start: tiny-qwen3-sft after a short SFT on the first 800 training tasks, the expert
+    # answering half of them hastily. It opens the page about half the time, and which half pays
+    # is what the reward alone can teach (docs/benchmarks/learning.md).
+    WARM_MODEL: WarmStartRecipe(base=SFT_MODEL, limit=800, hasty_fraction=0.5, induction_steps=0,
+                                steps=100, lr=5e-4, warmup_steps=10),
+}
+"""The recipe of each model this module builds, by name (``turnstile build-model NAME --out DIR``)."""
+
+WHAT = {
+    SFT_MODEL: "the tiny Qwen3 after SFT on the scripted expert's correct trajectories of the "
+               "embedded default's training tasks",
+    WARM_MODEL: "tiny-qwen3-sft after SFT on two agents' trajectories of the embedded default's "
+                "training tasks: the scripted expert's correct ones and, for half of the tasks, a "
+                "hasty agent's, which answers from the search listing without opening a page (the "
+                "warm start of `turnstile train`)",
+}
+
+
+def build_warm_model(target: Path, recipe: WarmStartRecipe | None = None, *, name: str = WARM_MODEL,
+                     force: bool = False, progress: bool = True) -> Path:
+    """Run ``recipe`` (by default :data:`RECIPES` ``[name]``) and write the model directory
+    ``target`` (atomically), its record naming it ``name``; returns it.
 
     Resumable: the expert's data and a training checkpoint every :data:`CHECKPOINT_EVERY` steps are
     kept in ``.<target>.work`` beside it while it builds (for this recipe only: its digest names
     them), so a killed build continues where it stopped; the directory goes once the model is built."""
-    recipe = recipe or WarmStartRecipe()
+    recipe = recipe or RECIPES[name]
     if target.exists() and not force:
         raise FileExistsError(f"{target} exists; pass --force to rebuild it")
     work = work_dir(target, recipe)
@@ -122,8 +151,8 @@ def build_warm_model(target: Path, recipe: WarmStartRecipe | None = None, *, for
         save_trajectories(trajectories, work / "expert.partial.jsonl")
         timing.write_text(f"{data_s:.1f}\n")
         (work / "expert.partial.jsonl").rename(data)
-    built = train_warm_model(target, trajectories, recipe, data_seconds=data_s, progress=progress,
-                             checkpoint=work / "train.pt")
+    built = train_warm_model(target, trajectories, recipe, name=name, data_seconds=data_s,
+                             progress=progress, checkpoint=work / "train.pt")
     shutil.rmtree(work, ignore_errors=True)
     with contextlib.suppress(OSError):
         work.parent.rmdir()  # unless another recipe's build is under way
@@ -140,12 +169,12 @@ def work_dir(target: Path, recipe: WarmStartRecipe) -> Path:
 
 
 def train_warm_model(target: Path, trajectories: list[Trajectory], recipe: WarmStartRecipe, *,
-                     data_seconds: float = 0.0, progress: bool = True,
+                     name: str = WARM_MODEL, data_seconds: float = 0.0, progress: bool = True,
                      monitor: Callable[[int, Any], None] | None = None,
                      checkpoint: Path | None = None) -> Path:
-    """Stage the SFT of the tiny model on the expert's ``trajectories`` and its record, then move
-    the directory to ``target`` (replacing it)."""
-    base = ensure_default_model()
+    """Stage the SFT of the recipe's base model on the expert's ``trajectories`` and its record,
+    then move the directory to ``target`` (replacing it)."""
+    base = Path(resolve_model(recipe.base))
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
@@ -153,10 +182,9 @@ def train_warm_model(target: Path, trajectories: list[Trajectory], recipe: WarmS
         report = train_sft(base, sequences, recipe, staging, progress=progress, monitor=monitor,
                            checkpoint=checkpoint)
         info = {
-            "name": WARM_MODEL,
-            "what": "the tiny Qwen3 after SFT on the scripted expert's correct trajectories of the "
-                    "embedded default's training tasks (the warm start of `turnstile train`)",
-            "made_by": f"turnstile build-model {WARM_MODEL} --out DIR",
+            "name": name,
+            "what": WHAT.get(name, "a model built by cluster.warm_start"),
+            "made_by": f"turnstile build-model {name} --out DIR",
             "base": json.loads((base / BUILD_INFO).read_text()),
             "recipe": asdict(recipe),
             "data": {"episodes": len(trajectories), "sequences": len(sequences),
@@ -187,7 +215,8 @@ def rebuild_record(base: Path, sequences: list[tuple[list[int], list[int]]],
     The full rebuild (about an hour on 2 cores) is the one command in ``made_by``."""
     head = sequences[:CHECK_SEQUENCES]
     with tempfile.TemporaryDirectory(prefix=".turnstile-check.") as scratch:
-        report = train_sft(base, head, replace(recipe, induction_steps=TRACE_STEPS, steps=TRACE_STEPS),
+        report = train_sft(base, head, replace(recipe, induction_steps=min(recipe.induction_steps, TRACE_STEPS),
+                                               steps=TRACE_STEPS),
                            Path(scratch), progress=False)
     return {"sequences": len(head), "sha256": sequences_digest(head), "trace": report["trace"]}
 
@@ -196,13 +225,17 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
                         split: str = "train", limit: int | None = None,
                         shards: int | None = None) -> list[Trajectory]:
     """The scripted expert once on every task of ``split``, an equal share on each of the recipe's
-    corpus ports (only the first ``shards`` shares if given; of each, the first ``limit`` tasks);
-    its correct trajectories, by port and then by task id."""
+    corpus ports (only the first ``shards`` shares if given; of each, the first ``limit`` tasks, by
+    default the recipe's); its correct trajectories and those it answered hastily (the recipe's
+    ``hasty_fraction``), by port and then by task id."""
     from envs.answers import answer_matches
 
+    hasty = ExpertConfig(hasty_fraction=recipe.hasty_fraction).hasty
+    limit = recipe.limit if limit is None else limit
     rollout = RolloutConfig()
     rollout.group_size = 1
     rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
+    rollout.engine.scripted.hasty_fraction = recipe.hasty_fraction
     rollout.episode = default_episode()
     rollout.fleet.workers = 2
     rollout.fleet.episodes_per_worker = 8
@@ -213,7 +246,8 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
         part = out.with_name(f"{out.stem}.{shard}{out.suffix}")
         run_rollout(replace(rollout, data=data, corpus=replace(rollout.corpus, port=port)), part,
                     progress=progress)
-        done = [t for t in load_trajectories(part) if t.answered and answer_matches(t.answer, t.answers)]
+        done = [t for t in load_trajectories(part)
+                if hasty(t.task_id) or (t.answered and answer_matches(t.answer, t.answers))]
         kept += sorted(done, key=lambda t: t.task_id)
     return kept
 
@@ -319,7 +353,7 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
     if saved is None:
         save(0)
     loss_value = float("nan")
-    bar = tqdm(range(done + 1, recipe.steps + 1), desc=f"sft {WARM_MODEL}", unit="step",
+    bar = tqdm(range(done + 1, recipe.steps + 1), desc="sft", unit="step",
                disable=not progress, initial=done, total=recipe.steps)
     for step in bar:
         if len(order) < recipe.batch:

@@ -10,10 +10,12 @@ Any Hugging Face model directory (or hub name on a real cluster) works in its pl
 Build it explicitly with ``turnstile build-model``; :func:`ensure_default_model` builds it on first
 use, under a file lock so concurrent workers don't race.
 
-Two models are known by name (:func:`resolve_model`): ``tiny-qwen3``, the random-weight model above
-(also what an empty ``model`` means), and ``tiny-qwen3-sft``, the warm start of the embedded default
-``turnstile train`` — the same model after SFT on the scripted expert (:mod:`cluster.warm_start`),
-committed under ``rollout/models/`` because its recipe takes longer than a first run may.
+Three models are known by name (:func:`resolve_model`): ``tiny-qwen3``, the random-weight model
+above (also what an empty ``model`` means); ``tiny-qwen3-sft``, the same model after SFT on the
+scripted expert; and ``tiny-qwen3-mixed``, the warm start of the embedded default ``turnstile
+train`` — ``tiny-qwen3-sft`` after SFT on the trajectories of two agents, the expert and a hasty one
+that answers without opening a page (:mod:`cluster.warm_start`). The last two are committed under
+``rollout/models/``: their recipes take longer than a first run may.
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ CHAT_TEMPLATE = (
 )
 BUILD_INFO = "turnstile-model.json"
 RANDOM_MODEL = "tiny-qwen3"  # the random-weight tiny model, built on first use
-WARM_MODEL = "tiny-qwen3-sft"  # the warm start, committed (see cluster.warm_start)
+SFT_MODEL = "tiny-qwen3-sft"  # the tiny model after SFT on the scripted expert, committed
+WARM_MODEL = "tiny-qwen3-mixed"  # the warm start of `turnstile train`: SFT_MODEL after SFT on two
+# agents' data (the expert and a hasty one), committed (both made by cluster.warm_start)
+COMMITTED_MODELS = (SFT_MODEL, WARM_MODEL)
 COMMITTED = Path(__file__).resolve().parent / "models"
 
 
@@ -92,21 +97,21 @@ def ensure_default_model(spec: TinyModelSpec | None = None) -> Path:
 
 def resolve_model(model: str) -> str:
     """A config's ``model`` value as a path or hub name: "" and ``tiny-qwen3`` mean the random tiny
-    model (built on first use), ``tiny-qwen3-sft`` the committed warm start; anything else is a
-    model directory or hub name, returned as given."""
+    model (built on first use), ``tiny-qwen3-sft`` and ``tiny-qwen3-mixed`` (the warm start) the
+    committed models; anything else is a model directory or hub name, returned as given."""
     if model in ("", RANDOM_MODEL):
         return str(ensure_default_model())
-    if model == WARM_MODEL:
-        return str(warm_model_path())
+    if model in COMMITTED_MODELS:
+        return str(committed_model_path(model))
     return model
 
 
-def warm_model_path() -> Path:
-    """The committed warm start's directory (a complete Hugging Face model directory)."""
-    path = COMMITTED / WARM_MODEL
+def committed_model_path(name: str = WARM_MODEL) -> Path:
+    """A committed model's directory (a complete Hugging Face model directory)."""
+    path = COMMITTED / name
     if not (path / BUILD_INFO).is_file():
-        raise FileNotFoundError(f"{path} holds no {BUILD_INFO}: the warm start is missing from this "
-                                f"checkout; rebuild it with `turnstile build-model {WARM_MODEL} --out {path}`")
+        raise FileNotFoundError(f"{path} holds no {BUILD_INFO}: the model {name} is missing from this "
+                                f"checkout; rebuild it with `turnstile build-model {name} --out {path}`")
     return path
 
 

@@ -13,7 +13,7 @@ from envs.answers import answer_matches
 from envs.env import EnvConfig
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, parse_turn
 from envs.synthetic.evaluate import evaluate_expert, run_expert_episode
-from envs.synthetic.expert import ScriptedExpert
+from envs.synthetic.expert import ExpertConfig, ScriptedExpert
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import World, WorldConfig, generate_world
@@ -55,6 +55,33 @@ def test_every_turn_is_well_formed(world: World, tasks: list[Task]) -> None:
     assert first.kind is TurnKind.TOOL_CALL and first.format_ok and first.tool == "search"
     if tasks[0].metadata["kind"] == "chain":
         assert first.arguments == {"query": [tasks[0].metadata["start"]]}
+
+
+def test_a_hasty_expert_answers_from_the_listing_without_opening_a_page(world: World, tasks: list[Task]) -> None:
+    """``hasty_fraction``: that share of chain questions (a function of the task id) is answered
+    with the first search result that is not the question's entity, unread; the rest as before."""
+    chains = [t for t in tasks if t.metadata["kind"] == "chain"]
+    half = ExpertConfig(hasty_fraction=0.5)
+    picked = [half.hasty(t.id) for t in chains]
+    assert 0 < sum(picked) < len(chains) and picked == [half.hasty(t.id) for t in chains]
+    assert not any(ExpertConfig().hasty(t.id) for t in chains) and all(ExpertConfig(hasty_fraction=1.0).hasty(t.id) for t in chains)
+    with pytest.raises(ValueError, match="hasty_fraction"):
+        ExpertConfig(hasty_fraction=1.5)
+
+    task = chains[0]
+    expert = ScriptedExpert(task, ExpertConfig(hasty_fraction=1.0))
+    search = parse_turn(expert.next_turn(None))
+    assert search.tool == "search" and search.arguments == {"query": [task.metadata["start"]]}
+    listing = ("<tool_response>\nA search found 2 results:\n\n## Web Results\n"
+               f"1. [{task.metadata['start']}](http://corpus.test/wiki/A)\n2. [Nearby Name](http://corpus.test/wiki/B)\n"
+               "</tool_response>")
+    answer = parse_turn(expert.next_turn(listing))
+    assert answer.kind is TurnKind.ANSWER and answer.answer == "Nearby Name" and expert.tool_calls == 1
+    assert "without opening a page" in answer.think
+    alone = ScriptedExpert(task, ExpertConfig(hasty_fraction=1.0))
+    alone.next_turn(None)
+    listed_alone = f"<tool_response>\n1. [{task.metadata['start']}](http://corpus.test/wiki/A)\n</tool_response>"
+    assert parse_turn(alone.next_turn(listed_alone)).answer == "unknown"  # nothing else listed: no guess
 
 
 def test_a_missed_search_is_retried_with_another_query(tasks: list[Task]) -> None:

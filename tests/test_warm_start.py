@@ -1,5 +1,6 @@
-"""The warm start: the question mix it is made for, models known by name, and its recipe
-(``turnstile build-model tiny-qwen3-sft``) on a small scale."""
+"""The warm start: the question mix it is made for, models known by name, and their recipes
+(``turnstile build-model tiny-qwen3-sft``, ``turnstile build-model tiny-qwen3-mixed``) on a small
+scale."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cluster.cli import main
 from cluster.warm_start import (
     CHECK_SEQUENCES,
     DEFAULT_TASKS,
+    RECIPES,
     TRACE_STEPS,
     RepeatedRuns,
     WarmStartRecipe,
@@ -22,7 +24,16 @@ from cluster.warm_start import (
 from envs.datasets.generic import DatasetError
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.synthetic.dataset import question_config
-from rollout.model_store import BUILD_INFO, RANDOM_MODEL, WARM_MODEL, resolve_model, warm_model_path
+from rollout.model_store import (
+    BUILD_INFO,
+    COMMITTED_MODELS,
+    RANDOM_MODEL,
+    SFT_MODEL,
+    WARM_MODEL,
+    committed_model_path,
+    resolve_model,
+)
+
 
 def test_question_options_are_checked() -> None:
     assert question_config({"min_hops": 0, "max_hops": 1}).max_hops == 1
@@ -53,16 +64,18 @@ def test_models_known_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
     assert resolve_model(RANDOM_MODEL) == resolve_model("")
     assert resolve_model("/some/dir") == "/some/dir"
     monkeypatch.setattr(store, "COMMITTED", tmp_path)
-    with pytest.raises(FileNotFoundError, match=f"turnstile build-model {WARM_MODEL} --out"):
-        resolve_model(WARM_MODEL)
-    (tmp_path / WARM_MODEL).mkdir()
-    (tmp_path / WARM_MODEL / BUILD_INFO).write_text("{}")
-    assert resolve_model(WARM_MODEL) == str(tmp_path / WARM_MODEL) == str(warm_model_path())
+    for name in COMMITTED_MODELS:
+        with pytest.raises(FileNotFoundError, match=f"turnstile build-model {name} --out"):
+            resolve_model(name)
+        (tmp_path / name).mkdir()
+        (tmp_path / name / BUILD_INFO).write_text("{}")
+        assert resolve_model(name) == str(tmp_path / name) == str(committed_model_path(name))
 
 
-def test_warm_model_needs_out(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("name", COMMITTED_MODELS)
+def test_committed_models_need_out(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
-        main(["build-model", WARM_MODEL])
+        main(["build-model", name])
     assert done.value.code == 2 and "needs --out" in capsys.readouterr().out
 
 
@@ -74,17 +87,17 @@ def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp
 
     recipe = WarmStartRecipe(tasks={**DEFAULT_TASKS, "count": 60}, corpus_ports=(0,), induction_steps=2,
                              induction_batch=4, steps=2, batch=2)
-    target = build_warm_model(tmp_path / "warm", recipe, progress=False)
+    target = build_warm_model(tmp_path / "warm", recipe, name=SFT_MODEL, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["warm"]  # the build's data and checkpoints are gone
     info = json.loads((target / BUILD_INFO).read_text())
-    assert info["name"] == WARM_MODEL and "scripted expert" in info["what"]
-    assert info["made_by"].startswith(f"turnstile build-model {WARM_MODEL}")
+    assert info["name"] == SFT_MODEL and "scripted expert" in info["what"]
+    assert info["made_by"].startswith(f"turnstile build-model {SFT_MODEL}")
     assert info["recipe"] == json.loads(json.dumps(asdict(recipe)))
     assert info["data"]["episodes"] >= 40 and info["data"]["policy_tokens"] < info["data"]["tokens"]
     assert len(info["data"]["sha256"]) == 64 and info["train"]["seconds"] > 0 and info["data"]["seconds"] > 0
     check = info["check"]
     assert check["sequences"] == min(CHECK_SEQUENCES, info["data"]["sequences"])
-    assert len(check["trace"]["induction"]) == len(check["trace"]["sft"]) == TRACE_STEPS
+    assert len(check["trace"]["induction"]) == recipe.induction_steps < TRACE_STEPS == len(check["trace"]["sft"])
     assert (target / "tokenizer.json").read_text() == (Path(resolve_model(RANDOM_MODEL)) / "tokenizer.json").read_text()
     base = AutoModelForCausalLM.from_pretrained(resolve_model(RANDOM_MODEL))
     tuned = AutoModelForCausalLM.from_pretrained(target)
@@ -125,49 +138,77 @@ def test_the_copying_task_teaches_a_random_model_to_copy() -> None:
 
 
 
-# ---- the committed warm start (rollout/models/tiny-qwen3-sft) --------------------------------------
+# ---- the committed models (rollout/models/tiny-qwen3-sft, rollout/models/tiny-qwen3-mixed) -------
 
-def test_the_committed_warm_start_says_what_it_is() -> None:
-    """One version, safetensors, at most 10 MB, made by this recipe on the random model's tokenizer."""
-    path = warm_model_path()
+@pytest.mark.parametrize("name", COMMITTED_MODELS)
+def test_the_committed_models_say_what_they_are(name: str) -> None:
+    """One version, safetensors, at most 10 MB, made by its recipe on the random model's tokenizer."""
+    path = committed_model_path(name)
     weights = sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
     assert weights == ["model.safetensors"]
     assert sum(p.stat().st_size for p in path.iterdir()) <= 10 * 2**20
     info = json.loads((path / BUILD_INFO).read_text())
-    assert info["name"] == WARM_MODEL and info["made_by"].startswith(f"turnstile build-model {WARM_MODEL}")
-    assert info["recipe"] == json.loads(json.dumps(asdict(WarmStartRecipe())))  # the recipe in the code
+    assert info["name"] == name and info["made_by"].startswith(f"turnstile build-model {name}")
+    assert info["recipe"] == json.loads(json.dumps(asdict(RECIPES[name])))  # the recipe in the code
     assert (path / "tokenizer.json").read_text() == (Path(resolve_model(RANDOM_MODEL)) / "tokenizer.json").read_text()
 
 
 @pytest.mark.integration
-def test_the_warm_start_rebuilds_and_reads_the_answer_off_the_page(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+@pytest.mark.parametrize("name", COMMITTED_MODELS)
+def test_the_committed_models_rebuild(name: str, ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
     """The CI-sized rebuild: the expert's first 40 training tasks give the committed data's first
-    sequences (same digest) and the first steps of both stages give the recorded losses (within
-    1e-3: float sums differ between CPUs and thread counts). And what the warm start is for:
-    teacher-forced on held-out expert trajectories, it predicts the answer's tokens whole where the
-    random model predicts none."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    sequences (same digest) and the first steps of each stage give the recorded losses (within 1e-3:
+    float sums differ between CPUs and thread counts)."""
     from cluster.warm_start import expert_trajectories, rebuild_record, training_sequences
 
-    recipe = WarmStartRecipe()
-    info = json.loads((warm_model_path() / BUILD_INFO).read_text())
+    recipe = RECIPES[name]
+    info = json.loads((committed_model_path(name) / BUILD_INFO).read_text())
     head = expert_trajectories(recipe, tmp_path / "train.jsonl", progress=False, limit=40, shards=1)
     sequences = training_sequences(head, recipe.max_length)
     assert len(sequences) >= CHECK_SEQUENCES
-    rebuilt = rebuild_record(Path(resolve_model(RANDOM_MODEL)), sequences[:CHECK_SEQUENCES], recipe)
+    rebuilt = rebuild_record(Path(resolve_model(recipe.base)), sequences[:CHECK_SEQUENCES], recipe)
     assert rebuilt["sha256"] == info["check"]["sha256"]
     for stage in ("induction", "sft"):
         assert rebuilt["trace"][stage] == pytest.approx(info["check"]["trace"][stage], abs=1e-3)
 
+
+@pytest.mark.integration
+def test_the_models_read_the_answer_off_the_page_and_the_warm_start_sometimes_does_not_open_it(
+        ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+    """What the models are for, teacher-forced on held-out expert trajectories: tiny-qwen3-sft
+    predicts the answer's tokens whole where the random model predicts none; and after the search
+    listing, the warm start begins the hasty agent's turn ("I answer from the search listing")
+    with a probability between 0.2 and 0.8 on average, where tiny-qwen3-sft almost never does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cluster.warm_start import expert_trajectories, training_sequences
+
+    recipe = RECIPES[SFT_MODEL]
     held_out = expert_trajectories(recipe, tmp_path / "eval.jsonl", progress=False, split="eval", limit=24)
     sequences = [ids for ids, _ in training_sequences(held_out, recipe.max_length)]
-    tags = AutoTokenizer.from_pretrained(resolve_model(RANDOM_MODEL)).convert_tokens_to_ids(["<answer>", "</answer>"])
-    whole = {}
-    for name in (WARM_MODEL, RANDOM_MODEL):
-        model = AutoModelForCausalLM.from_pretrained(resolve_model(name)).eval()
-        whole[name] = sum(answer_predicted_whole(model, ids, *tags) for ids in sequences)
-    assert whole[RANDOM_MODEL] == 0 and whole[WARM_MODEL] >= len(held_out) // 2, whole
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(RANDOM_MODEL))
+    tags = tokenizer.convert_tokens_to_ids(["<answer>", "</answer>"])
+    models = {name: AutoModelForCausalLM.from_pretrained(resolve_model(name)).eval()
+              for name in (RANDOM_MODEL, SFT_MODEL, WARM_MODEL)}
+    whole = {name: sum(answer_predicted_whole(models[name], ids, *tags) for ids in sequences)
+             for name in (SFT_MODEL, RANDOM_MODEL)}
+    assert whole[RANDOM_MODEL] == 0 and whole[SFT_MODEL] >= len(held_out) // 2, whole
+
+    # the context of each episode's second turn: everything before its response
+    second = [t.turns[1] for t in held_out]
+    contexts = [ids[: t.context_len] for ids, t in zip(sequences, second, strict=True)]
+    hasty = {name: sum(turn_start_probability(models[name], tokenizer, ids, "I answer from the search listing")
+                       for ids in contexts) / len(contexts) for name in (SFT_MODEL, WARM_MODEL)}
+    assert hasty[SFT_MODEL] < 0.05 and 0.2 < hasty[WARM_MODEL] < 0.8, hasty
+
+
+def turn_start_probability(model: torch.nn.Module, tokenizer: object, context: list[int], text: str) -> float:
+    """The model's probability that the turn after ``context`` begins ``<think>`` then ``text``."""
+    wanted = tokenizer.encode("<think>\n" + text)  # type: ignore[attr-defined]
+    ids = torch.tensor([context + wanted])
+    with torch.no_grad():
+        log_probs = model(input_ids=ids).logits[0, len(context) - 1: -1].log_softmax(-1)
+    return float(log_probs.gather(1, torch.tensor(wanted)[:, None]).sum().exp())
 
 
 def answer_predicted_whole(model: torch.nn.Module, ids: list[int], open_tag: int, close_tag: int) -> bool:

@@ -40,6 +40,8 @@ class ScriptedEngineConfig:
     mode: str = "expert"  # "expert": the synthetic world's scripted expert; "replay": recorded turns
     replay_path: str = ""  # trajectories JSONL for mode=replay
     report: bool = False  # write a <report> block (iter_research protocol)
+    # the share of chain questions the expert answers from the search listing, unread (a guess)
+    hasty_fraction: float = 0.0
     world_seed: int = 0
     world_entities: int = 3000
     questions: dict[str, Any] = field(default_factory=dict)  # the synthetic data's options (data.options)

@@ -29,7 +29,7 @@ import torch
 
 from envs.protocol import REPORT_CLOSE, REPORT_OPEN, THINK_CLOSE, parse_turn
 from envs.synthetic.dataset import question_config
-from envs.synthetic.expert import ScriptedExpert
+from envs.synthetic.expert import ExpertConfig, ScriptedExpert
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.world import WorldConfig, generate_world
 from envs.tasks import Task
@@ -85,12 +85,13 @@ class ScriptedEngine:
 
     def __init__(self, chat: ChatFormat, *, tasks: Sequence[Task] = (),
                  recordings: Sequence[Trajectory] = (), report: bool = False,
-                 weights_version: int = 0) -> None:
+                 expert: ExpertConfig | None = None, weights_version: int = 0) -> None:
         if not tasks and not recordings:
             raise ValueError("a scripted engine needs tasks (mode=expert) or recorded trajectories "
                              "(mode=replay)")
         self.chat = chat
         self.report = report
+        self.expert_config = expert or ExpertConfig()
         self._tasks = {task.question.strip(): task for task in tasks}
         self._recordings: dict[str, list[list[Turn]]] = defaultdict(list)
         for trajectory in recordings:
@@ -109,7 +110,8 @@ class ScriptedEngine:
         if scripted.mode == "expert":
             world = generate_world(WorldConfig(seed=scripted.world_seed,
                                                entities=scripted.world_entities))
-            return cls(chat, tasks=generate_tasks(world, _questions(scripted)), report=scripted.report)
+            return cls(chat, tasks=generate_tasks(world, _questions(scripted)), report=scripted.report,
+                       expert=ExpertConfig(hasty_fraction=scripted.hasty_fraction))
         if scripted.mode == "replay":
             if not scripted.replay_path:
                 raise ValueError("engine.scripted.mode=replay needs engine.scripted.replay_path (a "
@@ -201,7 +203,7 @@ class ScriptedEngine:
             if task is None:
                 raise ValueError(f"question {question[:80]!r} is not one of the synthetic world's "
                                  f"{len(self._tasks)} tasks; check engine.scripted.world_seed")
-            return ScriptedExpert(task)
+            return ScriptedExpert(task, self.expert_config)
         recorded = self._recordings.get(question)
         if not recorded:
             raise ValueError(f"no recorded trajectory has the question {question[:80]!r}")
