@@ -1,4 +1,14 @@
-"""The warm start: the tiny model fine-tuned on the scripted expert, for reinforcement learning.
+"""The warm start: the tiny model fine-tuned on the scripted expert (and on a hasty agent), for
+reinforcement learning.
+
+Two models are built here, each by its recipe in :data:`RECIPES`: ``tiny-qwen3-sft`` (described
+below) and ``tiny-qwen3-mixed``, the warm start of ``turnstile train``: ``tiny-qwen3-sft`` after 100
+SFT steps on the expert's trajectories of the first 800 training tasks, half of them answered by a
+hasty agent that answers from the search listing without opening a page
+(``ExpertConfig.hasty_fraction``). From ``tiny-qwen3-sft`` reinforcement learning had only
+token-level errors to fix, below the gradient noise of the default's budget; the mixed model has
+one decision every episode shares (open the page or guess), which the reward alone can teach
+(docs/benchmarks/learning.md).
 
 A random-weight policy writes no well-formed turn, so every sample of a group gets the same reward
 and reinforcement learning has nothing to work with. ``tiny-qwen3-sft`` is the tiny model
