@@ -39,9 +39,8 @@ class ExpertConfig:
     max_visit_attempts: int = 2
     # The share of chain questions answered from the first search listing, without opening a page:
     # the expert then answers with the first result that is not the question's entity (a guess, as
-    # an agent that stops early makes). Which questions is a function of the task id and the seed.
+    # an agent that stops early makes). Which questions is a function of the task id alone.
     hasty_fraction: float = 0.0
-    hasty_seed: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.hasty_fraction <= 1.0:
@@ -49,7 +48,7 @@ class ExpertConfig:
 
     def hasty(self, task_id: str) -> bool:
         """Whether the expert answers ``task_id`` from the search listing (see ``hasty_fraction``)."""
-        draw = int(hashlib.sha256(f"{self.hasty_seed}:{task_id}".encode()).hexdigest()[:8], 16)
+        draw = int(hashlib.sha256(f"0:{task_id}".encode()).hexdigest()[:8], 16)
         return draw / 16**8 < self.hasty_fraction
 
 
