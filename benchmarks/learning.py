@@ -205,7 +205,12 @@ def main() -> None:
                 if finished(out):
                     continue
                 print(f"{arm} seed {seed}: training in {out}", flush=True)
-                seconds = train(arm, seed, out, args.overrides)
+                try:
+                    seconds = train(arm, seed, out, args.overrides)
+                except subprocess.CalledProcessError as error:  # one arm's failure does not stop the rest
+                    print(f"{arm} seed {seed}: failed (exit {error.returncode}); its log: "
+                          f"{out.parent / f'seed{seed}.log'}", flush=True)
+                    continue
                 print(f"{arm} seed {seed}: done in {seconds / 60:.1f} min", flush=True)
                 report(root, doc)
     report(root, doc)
