@@ -7,10 +7,12 @@ campaign's (the trailing ``key=value`` arguments, e.g. another budget), with an 
 the first update, every 5 steps and after the last. A seed sets the learner's seed (the order
 of the training tasks and of the mini-batches; seed 0 is the default run).
 
-Resumable: each (arm, seed) trains in ``OUT/<arm>/seed<k>``; a finished one (its ``run.json`` at the
-last step with the final evaluation) is not rerun, an unfinished one continues from its checkpoint
-(``resume=true``). After every finished run the table (``OUT/results.json``, and with ``--doc`` the
-Markdown table and the PNG of the curves) is rewritten, so a killed campaign loses at most one run.
+Resumable, across machines: each (arm, seed) trains in ``OUT/<arm>/seed<k>``; after every finished
+run (its ``run.json`` at the last step with the final evaluation) its summary goes into the record
+(``--record``, committed: ``docs/benchmarks/learning-runs.json``) and the table is rewritten (with
+``--doc``, the Markdown table and the PNG of the curves). A run in the record or finished in ``OUT``
+is not rerun; an unfinished one continues from its checkpoint (``resume=true``). A killed campaign
+loses at most one run; a fresh clone keeps every run whose summary was committed.
 
     .venv/bin/python benchmarks/learning.py [--arms grpo,igpo] [--seeds 3] [--out runs/learning] [key=value ...]
     .venv/bin/python benchmarks/learning.py --report-only --doc docs/benchmarks/learning.md
@@ -30,6 +32,7 @@ from rollout.trajectory import load_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train.yaml"
+RECORD = ROOT / "docs" / "benchmarks" / "learning-runs.json"
 # The hard split: the name two relations away (two pages to read, five turns); the warm start was
 # fine-tuned on one relation only.
 HARD_MIX = "{min_hops: 2, max_hops: 2, entity_answer_fraction: 1.0, aggregation_fraction: 0.0, count: 1200}"
@@ -102,15 +105,27 @@ def run_summary(out: Path) -> dict[str, object]:
             "wall_s": _previous_wall(out)}
 
 
-def report(root: Path, doc: Path | None) -> dict[str, dict[str, object]]:
-    results: dict[str, dict[str, object]] = {}
+def load_record(record: Path) -> dict[str, dict[int, dict[str, object]]]:
+    """Arm -> seed -> run summary, as committed (JSON keys are strings; steps and seeds come back as ints)."""
+    if not record.is_file():
+        return {}
+    raw = json.loads(record.read_text())
+    return {arm: {int(seed): {**run, "evals": {int(k): v for k, v in run["evals"].items()},
+                              "format": {int(k): v for k, v in run["format"].items()}}
+                  for seed, run in seeds.items()} for arm, seeds in raw.items()}
+
+
+def report(root: Path, doc: Path | None, record: Path) -> dict[str, dict[str, object]]:
+    """Adds the runs finished in ``root`` to the record, rewrites it, and the table from it."""
+    summaries = load_record(record)
     for arm in ARMS:
-        runs = {int(p.name[4:]): run_summary(p) for p in sorted((root / arm).glob("seed*")) if p.is_dir()
-                and finished(p)}
-        if runs:
-            results[arm] = {"label": ARMS[arm][0], "seeds": runs}
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "results.json").write_text(json.dumps(results, indent=1))
+        for path in sorted((root / arm).glob("seed*")):
+            if path.is_dir() and finished(path):
+                summaries.setdefault(arm, {})[int(path.name[4:])] = run_summary(path)
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({arm: {str(seed): run for seed, run in sorted(seeds.items())}
+                                  for arm, seeds in summaries.items()}, indent=1) + "\n")
+    results = {arm: {"label": ARMS[arm][0], "seeds": summaries[arm]} for arm in ARMS if summaries.get(arm)}
     lines = table(results)
     print("\n".join(lines))
     if doc is not None:
@@ -184,11 +199,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", default="runs/learning")
     parser.add_argument("--doc", default="", help="also rewrite this Markdown table and its PNG")
+    parser.add_argument("--record", default=str(RECORD), help="the finished runs' summaries (committed)")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = parser.parse_args()
     root = Path(args.out)
     doc = Path(args.doc) if args.doc else None
+    record = Path(args.record)
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
@@ -202,7 +219,7 @@ def main() -> None:
         for seed in range(args.seeds):  # seed-major: every arm gets its first seed before any its third
             for arm in arms:
                 out = root / arm / f"seed{seed}"
-                if finished(out):
+                if finished(out) or seed in load_record(record).get(arm, {}):
                     continue
                 print(f"{arm} seed {seed}: training in {out}", flush=True)
                 try:
@@ -212,8 +229,8 @@ def main() -> None:
                           f"{out.parent / f'seed{seed}.log'}", flush=True)
                     continue
                 print(f"{arm} seed {seed}: done in {seconds / 60:.1f} min", flush=True)
-                report(root, doc)
-    report(root, doc)
+                report(root, doc, record)
+    report(root, doc, record)
 
 
 if __name__ == "__main__":
