@@ -2,14 +2,22 @@
 clue page, against the other turns, on the scripted expert's trajectories scored with the warm model.
 
 The expert runs once on every held-out task of the embedded default (the same episode settings as
-training). ``information_gain`` (``--model``, by default the warm start ``tiny-qwen3-sft``, as the scorer) measures v before
+training). ``information_gain`` (``--model``, by default the warm start, as the scorer) measures v before
 every turn; a turn's IG is v after it minus v before it (the next turn's v minus its own). The
 ``clue_steps`` plugin (heuristic judge) writes each turn's step score. A turn *reads a clue page*
-when it visits one of the task's evidence pages, or its search results list one. Reported: the mean
-of each group and a two-sided Mann-Whitney rank test (normal approximation with the tie correction:
-written here, the project does not depend on scipy for one test).
+when it opens one of the task's evidence pages (a visit); a search whose results merely list one
+does not (on one-hop tasks every search lists the entity's page). Reported per signal: the mean of
+the turns that read a clue page, of the searches that list one, and of the other tool turns, and a
+two-sided Mann-Whitney rank test of the first group against all the other tool turns (normal
+approximation with the tie correction: written here, the project does not depend on scipy for one
+test).
 
-    .venv/bin/python benchmarks/signal_diagnostics.py [--tasks 64]
+    .venv/bin/python benchmarks/signal_diagnostics.py [--tasks 64] [--trajectories OUT/eval/step0.jsonl]
+
+``--advantages A.jsonl B.jsonl ...`` instead compares what each estimator tells the policy about
+opening a page: in files credited by ``turnstile score`` (the same trajectories, one estimator
+each), the first turn's advantage of the episodes that visit a page against those that do not,
+overall and within the groups that hold both.
 """
 
 from __future__ import annotations
@@ -54,14 +62,19 @@ def mann_whitney(a: list[float], b: list[float]) -> tuple[float, float]:
     return z, math.erfc(abs(z) / math.sqrt(2))
 
 
-def reads_clue(turn_tool: str | None, arguments: dict | None, observation: str, clue_urls: set[str]) -> bool:
+GROUPS = ("reads a clue page", "search listing one", "other tool turn")
+
+
+def turn_group(turn_tool: str | None, arguments: dict | None, observation: str, clue_urls: set[str]) -> str:
     if turn_tool == "visit" and arguments and str(arguments.get("url", "")) in clue_urls:
-        return True
-    return turn_tool == "search" and any(url in observation for url in clue_urls)
+        return GROUPS[0]
+    if turn_tool == "search" and any(url in observation for url in clue_urls):
+        return GROUPS[1]
+    return GROUPS[2]
 
 
-def split_turns(trajectories: list[Trajectory], tasks: dict[str, Task]) -> dict[str, dict[bool, list[float]]]:
-    out: dict[str, dict[bool, list[float]]] = {"ig": {True: [], False: []}, "step_score": {True: [], False: []}}
+def split_turns(trajectories: list[Trajectory], tasks: dict[str, Task]) -> dict[str, dict[str, list[float]]]:
+    out: dict[str, dict[str, list[float]]] = {name: {group: [] for group in GROUPS} for name in ("ig", "step_score")}
     for trajectory in trajectories:
         task = tasks[trajectory.task_id]
         urls = {url for clue in task.clues for url in clue.evidence_urls}
@@ -69,12 +82,30 @@ def split_turns(trajectories: list[Trajectory], tasks: dict[str, Task]) -> dict[
         for turn, following in zip(turns, turns[1:], strict=False):
             if not turn.tool:
                 continue
-            clue = reads_clue(turn.tool, turn.arguments, turn.observation_text, urls)
+            clue = turn_group(turn.tool, turn.arguments, turn.observation_text, urls)
             if turn.ig_value is not None and following.ig_value is not None:
                 out["ig"][clue].append(following.ig_value - turn.ig_value)
             if turn.step_score is not None:
                 out["step_score"][clue].append(turn.step_score)
     return out
+
+
+def visit_advantages(trajectories: list[Trajectory]) -> dict[str, float]:
+    """First-turn advantage of the episodes that open a page and of those that do not."""
+    by_group: dict[str, dict[bool, list[float]]] = {}
+    for trajectory in trajectories:
+        advantage = trajectory.turns[0].advantage if trajectory.turns else None
+        if advantage is None:
+            continue
+        visits = any(turn.tool == "visit" for turn in trajectory.turns)
+        by_group.setdefault(trajectory.uid, {True: [], False: []})[visits].append(advantage)
+    visiting = [a for group in by_group.values() for a in group[True]]
+    hasty = [a for group in by_group.values() for a in group[False]]
+    within = [statistics.fmean(g[True]) - statistics.fmean(g[False]) for g in by_group.values()
+              if g[True] and g[False]]
+    return {"visits_n": len(visiting), "visits_mean": statistics.fmean(visiting) if visiting else math.nan,
+            "no_visit_n": len(hasty), "no_visit_mean": statistics.fmean(hasty) if hasty else math.nan,
+            "groups_with_both": len(within), "within_mean": statistics.fmean(within) if within else math.nan}
 
 
 def main() -> None:
@@ -83,7 +114,20 @@ def main() -> None:
     parser.add_argument("--model", default=WARM_MODEL, help="the IG scorer (a model directory or name)")
     parser.add_argument("--trajectories", default="", help="score these instead (e.g. a train run's "
                         "out/eval/step0.jsonl: the warm policy's own turns, right and wrong)")
+    parser.add_argument("--advantages", nargs="*", default=[], help="credited files (turnstile score) to "
+                        "compare: first-turn advantage of the episodes that open a page vs the others")
     args = parser.parse_args()
+    if args.advantages:
+        from rollout.trajectory import load_trajectories
+
+        print("| file | episodes that open a page: n, first-turn advantage | the others: n, advantage | "
+              "groups with both | within-group difference |")
+        print("|---|---|---|---|---|")
+        for path in args.advantages:
+            r = visit_advantages(load_trajectories(path))
+            print(f"| {path} | {r['visits_n']}, {r['visits_mean']:+.3f} | {r['no_visit_n']}, "
+                  f"{r['no_visit_mean']:+.3f} | {r['groups_with_both']} | {r['within_mean']:+.3f} |")
+        return
     init_ray(RayConfig(num_cpus=4))
     if args.trajectories:
         from rollout.trajectory import load_trajectories
@@ -105,17 +149,18 @@ def main() -> None:
     groups = split_turns(trajectories, tasks)
     print(f"{len(trajectories)} trajectories from {source}, {sum(len(t.turns) for t in trajectories)} "
           f"turns; IG scored by {args.model}")
-    print("| signal | turns reading a clue page: n, mean | other tool turns: n, mean | rank test z | p |")
-    print("|---|---|---|---|---|")
+    print(f"| signal | {' | '.join(f'{g}: n, mean' for g in GROUPS)} | rank test z (first vs the rest) | p |")
+    print("|---|---|---|---|---|---|")
     for name, split in groups.items():
-        clue, other = split[True], split[False]
-        if not clue or not other:
-            print(f"| {name} | {len(clue)} | {len(other)} | - | - |")
+        clue = split[GROUPS[0]]
+        rest = [value for group in GROUPS[1:] for value in split[group]]
+        means = " | ".join(f"{len(split[g])}, {statistics.fmean(split[g]):.4f}" if split[g] else "0, -"
+                           for g in GROUPS)
+        if not clue or not rest:
+            print(f"| {name} | {means} | - | - |")
             continue
-        z, p = mann_whitney(clue, other)
-        print(f"| {name} | {len(clue)}, {statistics.fmean(clue):.4f} | {len(other)}, "
-              f"{statistics.fmean(other):.4f} | {z:.2f} | {p:.2g} |")
-
+        z, p = mann_whitney(clue, rest)
+        print(f"| {name} | {means} | {z:.2f} | {p:.2g} |")
 
 if __name__ == "__main__":
     main()
