@@ -18,6 +18,7 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -163,6 +164,30 @@ def _pass_order(n: int, seed: int, pass_: int) -> tuple[int, ...]:
     return tuple(order)
 
 
+def trainable(trajectories: Sequence[Trajectory], version: int,
+              staleness: int) -> tuple[list[Trajectory], dict[str, int]]:
+    """The samples a step trains on, and how many of each kind it leaves out:
+
+    - ``empty``: no turn (the engine failed before the first one; nothing to learn from);
+    - ``unscored``: no outcome (the reward service gave up on it after its last delivery,
+      ``metadata["reward_error"]``; its group trains on the others);
+    - ``stale``: its oldest turn is more than ``staleness`` versions behind ``version`` (only the
+      asynchronous loop produces them).
+    """
+    left_out = {"empty": 0, "unscored": 0, "stale": 0}
+    fresh = []
+    for trajectory in trajectories:
+        if not trajectory.turns:
+            left_out["empty"] += 1
+        elif trajectory.outcome is None:
+            left_out["unscored"] += 1
+        elif version - min(turn.weights_version for turn in trajectory.turns) > staleness:
+            left_out["stale"] += 1
+        else:
+            fresh.append(trajectory)
+    return fresh, left_out
+
+
 def step_tasks(tasks: list[Task], step: int, per_step: int, shuffle: bool, seed: int) -> list[Task]:
     """The tasks of ``step``: the next ``per_step`` of the walk (:func:`task_at`)."""
     return [task_at(tasks, step * per_step + i, shuffle, seed) for i in range(per_step)]
@@ -273,9 +298,9 @@ class Run:
               extra: dict[str, float] | None = None) -> None:
         """Credit, one update, publish, metrics, evaluation and checkpoint for one step's samples.
 
-        Samples whose oldest turn is more than ``staleness`` versions behind are dropped first
-        (only the asynchronous loop produces them), and so are samples without a turn (the engine
-        failed on the first one: nothing to learn from; counted as ``rollout/empty``).
+        What :func:`trainable` leaves out is saved with the rest and counted: samples whose oldest
+        turn is more than ``staleness`` versions behind, samples without a turn, and samples the
+        reward service could not score.
         """
         job, state = self.job, self.state
         started = time.monotonic()
@@ -283,12 +308,8 @@ class Run:
         if failed and len(failed) == len(trajectories):  # nothing ran: stop instead of "training" on it
             raise TrainError(f"every episode of step {state.step + 1} failed; the first said: "
                              f"{failed[0].metadata.get('error', '?')}")
-        empty = [t for t in trajectories if not t.turns]  # the engine failed before a first turn
-        fresh = [t for t in trajectories
-                 if t.turns and state.weights_version - min(turn.weights_version for turn in t.turns)
-                 <= job.staleness]
-        stale = len(trajectories) - len(fresh) - len(empty)
-        state.dropped_stale += stale
+        fresh, left_out = trainable(trajectories, state.weights_version, job.staleness)
+        state.dropped_stale += left_out["stale"]
         if fresh:
             assign_credit(fresh, self.estimator)
         save_trajectories(trajectories, self.out / "scored" / f"step{state.step}.jsonl")
@@ -308,10 +329,11 @@ class Run:
                                else state.weights_version,
                                timings={"credit": scored - started, "learner": trained - scored,
                                         "publish": published - trained},
-                               dropped=stale)
+                               dropped=left_out["stale"])
         metrics.update({"rollout/rerun": float(self.rerun), "rollout/failed": float(self.failed),
                         "staleness/dropped_total": float(state.dropped_stale),
-                        "rollout/empty": float(len(empty)),
+                        "rollout/empty": float(left_out["empty"]),
+                        "rewards/unscored": float(left_out["unscored"]),
                         "weights/version": float(state.weights_version), **(extra or {})})
         if job.eval_every and (state.step % job.eval_every == 0 or state.step == job.steps):
             metrics.update(self.evaluate(state.step))

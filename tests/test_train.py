@@ -11,9 +11,9 @@ import pytest
 from cluster.cli import main
 from cluster.config import load_config
 from cluster.score import EstimatorEntry, RewardEntry
-from cluster.train import TrainError, TrainJob, check, learning_line, run_train, step_tasks
+from cluster.train import TrainError, TrainJob, check, learning_line, run_train, step_tasks, trainable
 from envs.tasks import Task
-from rollout.trajectory import load_trajectories
+from rollout.trajectory import Segment, StopReason, Trajectory, Turn, load_trajectories
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
 SMALL = ["steps=2", "tasks_per_step=1", "rollout.group_size=4", "rollout.engine.kind=hf",
@@ -37,6 +37,23 @@ def test_shuffled_steps_visit_every_task_once_a_pass_in_a_new_order() -> None:
     # A function of the step alone (a resumed run continues the walk); the seed changes it.
     assert [t.id for t in step_tasks(tasks, 3, 4, shuffle=True, seed=7)] == walk[12:16]
     assert walk != [t.id for step in range(10) for t in step_tasks(tasks, step, 4, shuffle=True, seed=8)]
+
+
+def test_a_step_trains_on_scored_fresh_turns_and_counts_the_rest() -> None:
+    """An episode the reward service gave up on (no outcome) is left out of credit and counted,
+    not handed to the estimator (which refuses it and would stop an async run)."""
+    def episode(sample: int, versions: list[int], outcome: float | None = 1.0) -> Trajectory:
+        turns = [Turn(index=i, response_ids=[5, 6], response_logprobs=[-0.1, -0.2], weights_version=v,
+                      context_len=4, finish_reason="stop") for i, v in enumerate(versions)]
+        return Trajectory(uid="g", sample=sample, task_id="t", question="q?", answers=["a"],
+                          segments=[Segment(prompt_ids=[1, 2], turns=turns)] if turns else [],
+                          stop_reason=StopReason.ANSWERED, outcome=outcome)
+
+    batch = [episode(0, [3, 4]), episode(1, [1, 4]), episode(2, []), episode(3, [4], outcome=None),
+             episode(4, [2])]
+    fresh, left_out = trainable(batch, version=4, staleness=2)
+    assert [t.sample for t in fresh] == [0, 4]
+    assert left_out == {"empty": 1, "unscored": 1, "stale": 1}
 
 
 def test_bad_settings_are_named() -> None:
