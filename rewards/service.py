@@ -30,7 +30,7 @@ Failures are bounded. A plugin that raises (or passes ``score_timeout_s``) on a 
 the item unacked, so it is delivered again after ``reclaim_idle_ms``; on its ``max_deliveries``-th
 delivery a failure puts the trajectory on ``scored`` *unscored* (outcome None, the reward fields as
 rollout left them) with ``metadata["reward_error"] = {"plugin", "error", "deliveries"}``. Its group
-still completes, and the learner decides what to do with it (drop the sample or the group). A task
+still completes; the learner trains on the others and counts it (``rewards/unscored``). A task
 the workers do not know (``add_tasks`` was not called for it) fails the same way, as
 ``"missing_task"``, so a driver that adds it late still gets it scored.
 
