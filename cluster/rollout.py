@@ -1,6 +1,6 @@
 """The rollout job: tasks × G samples through a fleet of engine and worker actors, to a JSONL file.
 
-Reads like the first half of DESIGN.md's loop: serve the corpus, load tasks, start engine replicas
+Reads like the first half of the loop in docs/design.md §1: serve the corpus, load tasks, start engine replicas
 and rollout workers, hand out episodes as workers free up, write each trajectory as it arrives.
 
 A worker that dies mid-run loses the episodes it was running; they are **rerun** on another worker

@@ -1,4 +1,4 @@
-"""Answer normalisation and exact match (ALGORITHMS.md §3): lower case, punctuation and articles
+"""Answer normalisation and exact match (docs/algorithms.md §3): lower case, punctuation and articles
 removed, whitespace collapsed. Shared by the synthetic world's evaluation, the rollout summary and
 the outcome reward, so "correct" means the same everywhere."""
 

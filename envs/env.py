@@ -4,7 +4,7 @@ An :class:`Env` is async and single use: ``reset`` once, ``step`` until ``done``
 (safe to call twice). Builders are cheap, picklable specs; the heavy parts (HTTP pools, browser,
 cache) live in the shared :class:`~envs.tools.toolbox.Toolbox` a worker builds once.
 
-:class:`SearchBrowseEnv` speaks the agent protocol of ALGORITHMS.md §1. Whatever the policy writes
+:class:`SearchBrowseEnv` speaks the agent protocol of docs/algorithms.md §1. Whatever the policy writes
 and whatever the tools do, ``step`` returns an observation: malformed turns get a corrective
 observation, tool failures an error text the agent can read. The last allowed turn gets the
 forced-answer instruction instead of a tool result.

@@ -1,4 +1,4 @@
-"""The agent protocol of ALGORITHMS.md §1: how an assistant turn is written, parsed and checked.
+"""The agent protocol of docs/algorithms.md §1: how an assistant turn is written, parsed and checked.
 
 It is the protocol of Tongyi DeepResearch / WebSailor / DR-Venus, so public trajectories and
 checkpoints trained on it work unchanged. The environment speaks it (it parses every action), and the
@@ -58,7 +58,7 @@ class ParsedTurn:
 
     ``kind`` is ANSWER for any turn that tries to answer (has an ``<answer>`` tag and no tool-call
     tag), even a malformed one: an answer attempt ends the episode and its format is folded into the
-    outcome (ALGORITHMS.md §3). A malformed turn that is not an answer attempt is MALFORMED.
+    outcome (docs/algorithms.md §3). A malformed turn that is not an answer attempt is MALFORMED.
     """
 
     kind: TurnKind
@@ -92,7 +92,7 @@ def without_surrogates(text: str) -> str:
 
 def parse_turn(text: str, *, require_think: bool = True, expect_report: bool = False,
                max_call_chars: int = MAX_CALL_CHARS) -> ParsedTurn:
-    """Parse and check one assistant turn (ALGORITHMS.md §1).
+    """Parse and check one assistant turn (docs/algorithms.md §1).
 
     ``expect_report`` is the iter_research variant: a ``<report>`` block may stand between the think
     block and the action (it is required there). A tool call body longer than ``max_call_chars``

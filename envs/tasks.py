@@ -9,7 +9,7 @@ from envs.tools.base import JsonValue
 
 @dataclass(frozen=True)
 class Clue:
-    """A fact any solution must establish (ALGORITHMS.md §6)."""
+    """A fact any solution must establish (docs/algorithms.md §6)."""
 
     id: str
     text: str

@@ -1,1 +1,1 @@
-"""learner: see DESIGN.md."""
+"""learner: see docs/design.md."""

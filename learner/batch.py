@@ -1,6 +1,6 @@
 """Training samples from credited trajectories, and the padded batch veRL trains on.
 
-A *sample* is one segment of a trajectory (ALGORITHMS.md §2): mono context gives one per trajectory,
+A *sample* is one segment of a trajectory (docs/algorithms.md §2): mono context gives one per trajectory,
 iter_research one per round, discard_all one per context. Its response is the segment's turns laid
 end to end, each turn's generated tokens followed by its observation tokens, so that the policy is
 trained on exactly the token context it generated from. Per response token a sample carries:
@@ -235,7 +235,7 @@ def balance_for_ranks(samples: Sequence[Sample], dp: int) -> list[Sample]:
     chunk: with few samples per rank and long-tailed lengths, Karmarkar–Karp alone left the heaviest
     rank up to 37% above a lower bound on the best achievable (lognormal lengths, 8 per rank); the
     swaps bring that within 6%. Each sample appears exactly once. ``len(samples)`` must be a multiple of ``dp``
-    (downsample first, ALGORITHMS.md §8).
+    (downsample first, docs/algorithms.md §8).
     """
     if dp < 1:
         raise ValueError(f"dp={dp}: the data-parallel size must be at least 1")

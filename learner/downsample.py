@@ -1,4 +1,4 @@
-"""Minimal-loss downsampling to the data-parallel size (ALGORITHMS.md §8).
+"""Minimal-loss downsampling to the data-parallel size (docs/algorithms.md §8).
 
 veRL splits a batch evenly over the data-parallel ranks and each rank's share evenly into
 mini-batches, so a step trains on a multiple of ``m = lcm(dp, mini_batch)`` samples. Rather than pad

@@ -10,7 +10,7 @@ Two inputs, one sample form (:class:`learner.batch.Sample`, loss on the policy's
   loop builds a context (:class:`rollout.chat.ChatFormat`): the prompt of the first messages, then
   per assistant turn its text plus the end-of-turn token, then the delta of the tool response.
 
-Weights per turn: ``unit`` (plain SFT) or ``abc`` (ABC-SFT, w(step score) of ALGORITHMS.md §6 for
+Weights per turn: ``unit`` (plain SFT) or ``abc`` (ABC-SFT, w(step score) of docs/algorithms.md §6 for
 turns that carry a step score, 1 otherwise).
 """
 
@@ -63,7 +63,7 @@ def load_sft_samples(path: str | Path, chat: ChatFormat, *, fmt: str = "auto",
     """Every training sample of ``path``.
 
     ``resample`` (e.g. ``50:1,100:2,inf:5``) repeats each trajectory's samples by its number of turns,
-    ALGORITHMS.md §10's turn-aware resampling; ``turnstile data clean`` already applies it to chat
+    docs/algorithms.md §10's turn-aware resampling; ``turnstile data clean`` already applies it to chat
     rows, so it is meant for trajectory input. Empty: every sample once.
     """
     path = Path(path)
@@ -146,7 +146,7 @@ def chat_trajectories(rows: Iterable[tuple[int, dict[str, object]]], chat: ChatF
 
 
 def well_formed_share(trajectories: Sequence[Trajectory]) -> tuple[float, int]:
-    """Share of generated turns whose format is valid (ALGORITHMS.md §1), and the number of turns."""
+    """Share of generated turns whose format is valid (docs/algorithms.md §1), and the number of turns."""
     turns = [turn for trajectory in trajectories for turn in trajectory.turns]
     if not turns:
         return 0.0, 0

@@ -1,4 +1,4 @@
-"""Data preparation for SFT (ALGORITHMS.md §10): raw agent trajectories in, training rows out.
+"""Data preparation for SFT (docs/algorithms.md §10): raw agent trajectories in, training rows out.
 
 Public trajectories (WebDancer, WebSailor, DR-Venus, ...) were written against other system prompts,
 other tool schemas and other search-result formats. Trained on as they are, they would teach the

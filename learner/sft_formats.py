@@ -2,7 +2,7 @@
 
 Public search-agent trajectories come in more than one shape. Each format here turns a row into the
 chat the cleaning steps work on (``[{role, content}]``: the question as the first user message, then
-assistant turns in the protocol of ALGORITHMS.md §1, each tool call answered by a user
+assistant turns in the protocol of docs/algorithms.md §1, each tool call answered by a user
 ``<tool_response>``), so that every later step, and the training rows written, are the same whatever
 the source. A format is chosen per row from the fields it has, or forced with ``--format``.
 

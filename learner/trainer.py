@@ -61,7 +61,7 @@ class LearnerConfig:
     grad_clip: float = 1.0
     total_steps: int = 1000  # for the learning-rate schedule
     warmup_steps: int = 0
-    loss: str = "vanilla"  # vanilla (PPO-clip) | gspo (sequence-level ratio, ALGORITHMS.md §7)
+    loss: str = "vanilla"  # vanilla (PPO-clip) | gspo (sequence-level ratio, docs/algorithms.md §7)
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     loss_agg_mode: str = "token-mean"
@@ -268,7 +268,7 @@ class Learner:
                 seed: int | None = None) -> StepReport:
         """One policy update on credited trajectories (advantages already assigned).
 
-        Samples are downsampled to a multiple of lcm(dp, mini_batch) (ALGORITHMS.md §8); the group
+        Samples are downsampled to a multiple of lcm(dp, mini_batch) (docs/algorithms.md §8); the group
         normalisation is then recomputed over the survivors with ``estimator``. Fewer samples than
         one multiple: nothing trains and the report says how many wait.
         """

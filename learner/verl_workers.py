@@ -37,7 +37,7 @@ def weighted_sft_loss(config: Any, model_output: TensorDict, data: TensorDict,  
     """Token-mean cross-entropy over policy tokens, each token weighted by ``loss_weights``.
 
     Observation and padding tokens have ``response_mask`` 0 and do not count; ABC-SFT's per-turn
-    weights w(r) (ALGORITHMS.md §6) arrive as ``loss_weights`` (1.0 for plain SFT). The mean is over the
+    weights w(r) (docs/algorithms.md §6) arrive as ``loss_weights`` (1.0 for plain SFT). The mean is over the
     whole global batch, as veRL's losses do: the sum on this rank is divided by the batch's policy
     token count and multiplied by the data-parallel size (the gradients are averaged over ranks).
     """

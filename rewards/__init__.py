@@ -1,1 +1,1 @@
-"""rewards: see DESIGN.md."""
+"""rewards: see docs/design.md."""

@@ -1,4 +1,4 @@
-"""Clue recovery (ALGORITHMS.md §6, ABSeeker): the clues a solution must establish, for tasks that
+"""Clue recovery (docs/algorithms.md §6, ABSeeker): the clues a solution must establish, for tasks that
 ship none.
 
 An LLM works backwards from the question and its verified answer with the project's own search and

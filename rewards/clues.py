@@ -1,4 +1,4 @@
-"""Clue-based step scores (ALGORITHMS.md §6, ABSeeker's ABC): which turns made progress on the facts
+"""Clue-based step scores (docs/algorithms.md §6, ABSeeker's ABC): which turns made progress on the facts
 a solution must establish.
 
 Three parts:
@@ -326,7 +326,7 @@ class ClueStepsConfig:
 
 
 class ClueSteps(RewardPlugin):
-    """Writes ``turn.events`` and ``turn.step_score`` for every turn (ALGORITHMS.md §6).
+    """Writes ``turn.events`` and ``turn.step_score`` for every turn (docs/algorithms.md §6).
 
     The client and the toolbox are built on first need (a task without clues, or the llm judge);
     tests and the reward service may pass their own.

@@ -1,4 +1,4 @@
-"""The format penalty (ALGORITHMS.md §3, §5): malformed turns cost ``λ_fmt``.
+"""The format penalty (docs/algorithms.md §3, §5): malformed turns cost ``λ_fmt``.
 
 Two rules, one per place the penalty lands:
 

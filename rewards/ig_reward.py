@@ -2,7 +2,7 @@
 
 Wraps :func:`rewards.information_gain.information_gain_values` with the transformers scorer that
 reuses one KV cache per segment (``O(L + T·R)``). The scoring model should be the weights that
-generated the trajectory (the behaviour policy, ALGORITHMS.md §4):
+generated the trajectory (the behaviour policy, docs/algorithms.md §4):
 
 - ``model``: one fixed model directory (scoring saved rollouts of a known policy);
 - ``versions_dir``: a weights archive (``turnstile train`` keeps one under ``out/weights``, see

@@ -1,4 +1,4 @@
-"""Information-gain values ``v_s`` of a trajectory (ALGORITHMS.md §4): how sure the policy is of the
+"""Information-gain values ``v_s`` of a trajectory (docs/algorithms.md §4): how sure the policy is of the
 gold answer before each turn.
 
 ``v_s`` is the mean teacher-forced log-probability of the gold answer's tokens (first alternative),
@@ -50,7 +50,7 @@ from rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 
-# ALGORITHMS.md §4: the pseudo-response around the gold answer.
+# docs/algorithms.md §4: the pseudo-response around the gold answer.
 LEAD_TEXT = "Now there's enough information to answer\n</think>\n<answer>\n"
 TAIL_TEXT = "\n</answer>"
 THINK_PREFIX = THINK_OPEN + "\n"  # how the policy's own turns open (see the module docstring)

@@ -1,4 +1,4 @@
-"""Outcome rewards (ALGORITHMS.md §3): how right the final answer is, written to
+"""Outcome rewards (docs/algorithms.md §3): how right the final answer is, written to
 ``trajectory.outcome``.
 
 - ``exact_match``: 1 when the normalised answer equals a normalised gold alternative, else 0.

@@ -1,10 +1,10 @@
 """The reward service: Ray actors that score finished trajectories off the store, and the driver side
 that hands complete groups to the learner.
 
-Step 3 of the loop in DESIGN.md. Rollout workers put each finished trajectory on the ``finished``
-stream under an item id (``"<uid>/<sample>"`` by convention). :class:`RewardWorker` actors claim
-them as the consumer group ``reward``, run the configured plugins, put each scored trajectory on
-``scored`` under the *same* item id, then ack. :class:`GroupCollector` claims ``scored`` as the group
+The rewards step of the asynchronous loop (docs/design.md §1). The driver puts each finished
+trajectory on the ``finished`` stream under an item id (``"<uid>/<sample>"`` by convention).
+:class:`RewardWorker` actors claim them as the consumer group ``reward``, run the configured
+plugins, put each scored trajectory on ``scored`` under the *same* item id, then ack. :class:`GroupCollector` claims ``scored`` as the group
 ``learner`` and releases a group (all G samples of one ``uid``) only once every member is scored.
 :class:`RewardService` starts the workers, keeps them running, and holds the collector::
 

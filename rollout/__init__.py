@@ -1,1 +1,1 @@
-"""rollout: see DESIGN.md."""
+"""rollout: see docs/design.md."""

@@ -1,4 +1,4 @@
-"""Context managers: what the policy sees each turn (ALGORITHMS.md §2), as token ids.
+"""Context managers: what the policy sees each turn (docs/algorithms.md §2), as token ids.
 
 After every turn the episode loop asks its :class:`ContextManager` for the next context: either
 ids to :class:`Append` to the current segment, or a :class:`NewSegment` with freshly rendered prompt

@@ -6,7 +6,7 @@ follows the turn is decided by the context manager (append the observation's del
 new segment), within the context budget: when the next context would leave no room for a full turn
 (plus the forced-answer instruction), the manager may offer a reset (``discard_all``); otherwise the
 environment is told to make the next turn the last and the observation becomes the instruction to
-answer now (ALGORITHMS.md §1).
+answer now (docs/algorithms.md §1).
 
 Per-turn cost does not grow with the episode: the context is one list extended in place, its length
 is a running count, and only new text (observation, one response) is ever tokenised or decoded.

@@ -66,10 +66,10 @@ class Turn:
     generate_s: float = 0.0
     tool_s: float = 0.0
     # Filled by the reward service and the credit assignment:
-    ig_value: float | None = None  # v_s measured before this turn (ALGORITHMS.md §4)
+    ig_value: float | None = None  # v_s measured before this turn (docs/algorithms.md §4)
     ig: float | None = None  # information gain assigned to this turn
     reward: float | None = None  # turn reward before normalisation
-    step_score: float | None = None  # ABC step score (ALGORITHMS.md §6)
+    step_score: float | None = None  # ABC step score (docs/algorithms.md §6)
     events: list[str] = field(default_factory=list)
     advantage: float | None = None
 

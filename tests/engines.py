@@ -37,7 +37,7 @@ MAX_MODEL_LEN = 2048
 SELF_ATOL = 1e-4
 # Log-probs of one engine against another, or against the transformers reference, on the same
 # weights: measured 1.9e-6 at most between vllm (CPU build) and hf over the conformance prompts;
-# DESIGN.md reports agreement to 4 decimals, which is what this allows.
+# docs/design.md §3 asks for agreement to 4 decimals, which is what this allows.
 CROSS_ATOL = 1e-4
 
 

@@ -1,4 +1,4 @@
-"""The worked examples E1–E5 of ALGORITHMS.md §9, run through ``turnstile credit`` on real files.
+"""The worked examples E1–E5 of docs/algorithms.md §9, run through ``turnstile credit`` on real files.
 
 Inputs and expected values live in ``tests/fixtures/credit/``: ``eN.jsonl`` are turn records,
 ``eN.expected.json`` list the runs (estimator, options) and the per-turn values each must produce.

@@ -1,4 +1,4 @@
-"""Minimal-loss downsampling (ALGORITHMS.md §8, E6) and renormalisation over the survivors (§7, E5)."""
+"""Minimal-loss downsampling (docs/algorithms.md §8, E6) and renormalisation over the survivors (§7, E5)."""
 
 from __future__ import annotations
 

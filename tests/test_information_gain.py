@@ -1,4 +1,4 @@
-"""Information-gain values (ALGORITHMS.md §4) on real trajectories of the scripted expert.
+"""Information-gain values (docs/algorithms.md §4) on real trajectories of the scripted expert.
 
 Trajectories come from the episode loop with the real search tool over the synthetic world and the
 in-memory visit tool of ``tests/test_episode.py``. The reference for every value is
@@ -54,7 +54,7 @@ from rollout.trajectory import Segment, StopReason, Trajectory, Turn
 from tests.test_episode import BASE, chain, episode, smallest_aggregate
 from tests.tools_for_tests import memory_toolbox
 
-ATOL = 1e-4  # ALGORITHMS.md §4: equal to the naive per-prefix computation within 1e-4
+ATOL = 1e-4  # docs/algorithms.md §4: equal to the naive per-prefix computation within 1e-4
 MAX_MODEL_LEN = 8192  # the longest trajectory here (a 3-hop mono chain) is about 4k tokens
 
 
@@ -286,7 +286,7 @@ def search_malformed_visit_answer(chat: ChatFormat) -> Trajectory:
 
 async def test_without_a_tool_filter_the_gain_after_a_malformed_turn_starts_from_it(
         chat: ChatFormat) -> None:
-    """ALGORITHMS.md §4: ``ig_tools = []`` keeps every turn boundary, malformed turns included; the
+    """docs/algorithms.md §4: ``ig_tools = []`` keeps every turn boundary, malformed turns included; the
     malformed turn's reward is the format penalty (§5) and the visit's gain is measured from the
     boundary after the malformed turn, not from the one after the search."""
     trajectory = search_malformed_visit_answer(chat)

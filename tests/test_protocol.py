@@ -1,4 +1,4 @@
-"""Agent protocol (ALGORITHMS.md §1): parsing, format check, rendering; never raises on model text."""
+"""Agent protocol (docs/algorithms.md §1): parsing, format check, rendering; never raises on model text."""
 
 from __future__ import annotations
 

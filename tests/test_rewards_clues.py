@@ -1,4 +1,4 @@
-"""Clue step scores (ALGORITHMS.md §6): the score rule, the heuristic judge on the synthetic world's
+"""Clue step scores (docs/algorithms.md §6): the score rule, the heuristic judge on the synthetic world's
 scripted-expert trajectories, the LLM judge and clue recovery against a local OpenAI-compatible server.
 """
 

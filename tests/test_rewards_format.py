@@ -1,5 +1,5 @@
 """The format penalty: malformed non-final turns get −λ_fmt; the answer turn's format goes to the
-outcome (ALGORITHMS.md §3, §5)."""
+outcome (docs/algorithms.md §3, §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``turnstile data clean`` (ALGORITHMS.md §10): each step on hand-written rows, the DR-Venus
+"""``turnstile data clean`` (docs/algorithms.md §10): each step on hand-written rows, the DR-Venus
 resampling figures, the judge over a local endpoint, and the command on the WebDancer sample."""
 
 from __future__ import annotations

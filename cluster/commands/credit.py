@@ -3,7 +3,7 @@
 Reads trajectories with their rewards (one per JSONL line, format in ``learner/credit/records.py``),
 treats the whole file as one batch, and writes the same lines back with ``advantage`` and ``reward``
 on every turn. Useful to inspect what an estimator does with real rewards, and how the tests
-check the worked examples of ALGORITHMS.md §9::
+check the worked examples of docs/algorithms.md §9::
 
     turnstile credit --estimator igpo --in scored.jsonl --out credited.jsonl
     turnstile credit --estimator igpo --in scored.jsonl --out credited.jsonl norm=joint ig_tools=[]

@@ -1,4 +1,4 @@
-"""``turnstile data``: prepare training data. One sub-command so far, ``clean`` (ALGORITHMS.md §10):
+"""``turnstile data``: prepare training data. One sub-command so far, ``clean`` (docs/algorithms.md §10):
 raw agent trajectories in (chat rows such as WebDancer's, or R1-Searcher's rollouts; see
 ``learner/sft_formats.py``), SFT rows in this project's protocol out, every step counted (see
 ``learner/sft_data.py`` for the steps)::

@@ -1,6 +1,6 @@
 """The ``search`` tool the agent calls, and the registry of search backends it can run on.
 
-The tool follows the agent protocol (ALGORITHMS.md §1): arguments ``{"query": [str, ...]}`` (a bare
+The tool follows the agent protocol (docs/algorithms.md §1): arguments ``{"query": [str, ...]}`` (a bare
 string, or the key ``queries`` used by some public trajectories, are accepted), several queries run
 concurrently, and the observation lists each query's hits as markdown links with snippets, in the
 format of the Tongyi DeepResearch family so that public checkpoints read it unchanged.

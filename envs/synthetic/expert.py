@@ -3,7 +3,7 @@
 It is the reference policy for the synthetic world: it proves every question is answerable through
 the tools (the acceptance run in :mod:`envs.synthetic.evaluate`), gives load tests and the
 ``scripted`` policy engine a deterministic agent that makes 10–190 tool calls, and writes
-trajectories in the exact turn format of ALGORITHMS.md §1.
+trajectories in the exact turn format of docs/algorithms.md §1.
 
 The expert uses only the *structure* of a task's plan (``Task.metadata``: the start entity's name and
 the relations to follow, or the hub and the filter). Every fact — the name of the next entity, the

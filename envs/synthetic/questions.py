@@ -9,7 +9,7 @@ Two families, both checked for a unique answer when generated (a candidate that 
 - *aggregation* questions ask about every member of a hub organisation ("How many members of
   Quorin Society were born before 1950?"), so a solver reads 50–90 member pages: 100+ tool calls.
 
-Each task records its clue chain (``Clue`` objects with the evidence pages, ALGORITHMS.md §6) and, in
+Each task records its clue chain (``Clue`` objects with the evidence pages, docs/algorithms.md §6) and, in
 ``metadata``, the plan's *structure* (start name, relations to follow, attribute or hub + filter).
 The scripted expert uses that structure but reads every fact from the pages through the tools.
 """

@@ -6,7 +6,7 @@ bounded), its main text extracted with trafilatura, and — when that text is em
 Chromium first. The text is then either cut to ``max_tokens`` and shown as is, or, with the LLM
 extractor enabled, turned into evidence and a summary for the goal (see ``summarize.py``).
 
-Output formats (ALGORITHMS.md §1), several pages joined with ``"\\n=======\\n"``::
+Output formats (docs/algorithms.md §1), several pages joined with ``"\\n=======\\n"``::
 
     Content of <url> (goal: <goal>):
     <text>

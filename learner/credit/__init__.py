@@ -1,4 +1,4 @@
-"""Credit assignment: per-turn advantages from scored trajectories (ALGORITHMS.md §3–7).
+"""Credit assignment: per-turn advantages from scored trajectories (docs/algorithms.md §3–7).
 
 Framework-independent: estimators read turn records (:mod:`learner.credit.records`), look each
 other up by name (:mod:`learner.credit.registry`) and share one normalisation

@@ -1,4 +1,4 @@
-"""Outcome and step-score estimators: ``grpo``, ``abc_grpo`` and ``gspo_round`` (ALGORITHMS.md §6–7).
+"""Outcome and step-score estimators: ``grpo``, ``abc_grpo`` and ``gspo_round`` (docs/algorithms.md §6–7).
 
 The information-gain estimator ``igpo`` has its own module (:mod:`learner.credit.igpo`); what these
 three share is that every turn is credited from one kind of reward normalised within its group.

@@ -1,4 +1,4 @@
-"""GSPO's sequence-level importance ratio (ALGORITHMS.md §7), for the round-level policy loss.
+"""GSPO's sequence-level importance ratio (docs/algorithms.md §7), for the round-level policy loss.
 
 Separate from the rest of :mod:`learner.credit` because it works on autograd tensors (the loss
 differentiates through it) and importing torch would slow down ``turnstile credit``, which needs

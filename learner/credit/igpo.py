@@ -1,5 +1,5 @@
 """``igpo``: turn-level credit from information gain, format penalties and the outcome
-(ALGORITHMS.md §4–5, the DR-Venus variant of IGPO).
+(docs/algorithms.md §4–5, the DR-Venus variant of IGPO).
 
 A trajectory's *boundaries* are the turns that carry a reward: the turns that receive an
 information gain (browse-aware: by default only visits), the malformed non-final turns (format

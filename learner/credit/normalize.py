@@ -1,4 +1,4 @@
-"""Group normalisation and discounting: the arithmetic every estimator shares (ALGORITHMS.md §5–7).
+"""Group normalisation and discounting: the arithmetic every estimator shares (docs/algorithms.md §5–7).
 
 Kept apart from the estimators because the learner needs the same functions again after
 downsampling (§8): the surviving samples of a group are re-normalised with :func:`group_normalize`,

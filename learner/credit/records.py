@@ -7,7 +7,7 @@ and checked on a hand-written file without the rollout's token-level trajectory 
      "turns": [{"tool": "search", "format_ok": true, "v": -2.5, "score": 1.8}, ...]}
 
 ``answered`` and ``format_ok`` default to true; ``v`` (the information-gain value measured before
-the turn, ALGORITHMS.md §4) and ``score`` (the clue step score, §6) are read by the estimators that
+the turn, docs/algorithms.md §4) and ``score`` (the clue step score, §6) are read by the estimators that
 need them. Every other field, of the trajectory or of a turn, is kept and written back unchanged;
 the estimator adds ``advantage`` and ``reward`` (and its own fields) to every turn. Every number in
 the file, in any field, must be finite: JSON has no ``NaN`` or ``Infinity``, and neither is written.
@@ -50,7 +50,7 @@ class Trajectory:
     fields: Mapping[str, object]  # the trajectory as read, extra keys included
 
     def outcome_reward(self, format_penalty: float) -> float:
-        """The outcome as trained on (ALGORITHMS.md §3).
+        """The outcome as trained on (docs/algorithms.md §3).
 
         An unanswered trajectory, or one whose answer turn failed the format check, gets
         ``−format_penalty`` whatever its recorded outcome; ``format_penalty = 0`` turns the penalty

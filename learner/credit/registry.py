@@ -30,7 +30,7 @@ class Estimator(ABC):
     Contract:
 
     - ``Options`` is a dataclass whose fields are the estimator's options and whose defaults are
-      those of ALGORITHMS.md; ``__init__`` takes one instance of it (validated on construction).
+      those of docs/algorithms.md; ``__init__`` takes one instance of it (validated on construction).
     - :meth:`assign` receives the whole batch: estimators with batch-wide statistics (IG-Scale)
       compute them over it. It returns one :class:`~learner.credit.records.TurnCredit` per turn of
       every trajectory, in the order given, with a finite advantage; it does not modify its input.

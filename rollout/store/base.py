@@ -1,7 +1,7 @@
 """The trajectory store contract, its config, and the pieces both backends share.
 
-The store sits between the roles of the loop (DESIGN.md): rollout workers ``put`` finished
-trajectories on the ``finished`` stream, reward workers ``claim`` them as one consumer group, score
+The store sits between the roles of the asynchronous loop (docs/design.md §1): the driver ``put``\s
+finished trajectories on the ``finished`` stream, reward workers ``claim`` them as one consumer group, score
 them, ``put`` them on ``scored`` and ``ack`` the originals; the learner claims from ``scored``. A
 worker that dies while holding claimed items leaves them pending; another worker ``reclaim``\\s them
 once they have been idle long enough. Delivery is therefore *at least once*: a consumer must finish
