@@ -22,6 +22,30 @@ def test_every_command_is_wired() -> None:
         assert parser.parse_args([command]).command == command
 
 
+HEAVY = ("torch", "vllm", "ray", "transformers", "verl")
+FIXTURES = Path(__file__).parent / "fixtures" / "credit"
+
+
+def test_help_and_credit_start_without_the_heavy_stack(tmp_path: Path) -> None:
+    """``turnstile --help``, every command's ``--help`` and ``turnstile credit`` on a small file
+    import none of torch, vLLM, Ray, transformers or veRL (they cost seconds to import)."""
+    script = f"""
+import sys
+from cluster.cli import COMMANDS, main
+for argv in [["--help"], *[[name.replace("_", "-"), "--help"] for name in COMMANDS], ["data", "clean", "--help"],
+             ["credit", "--estimator", "igpo", "--in", {str(FIXTURES / "e1.jsonl")!r}, "--out", {str(tmp_path / "o.jsonl")!r}]]:
+    try:
+        main(argv)
+    except SystemExit as done:
+        assert done.code in (0, None), (argv, done.code)
+print(sorted(name for name in {HEAVY!r} if name in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert (tmp_path / "o.jsonl").is_file()
+
+
 def test_bad_override_names_the_key(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["episode", "env.max_turn=3"])

@@ -20,31 +20,20 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from learner.sft_data import (
-    KEPT_UNVERIFIED,
-    KNOWN_TOOLS,
-    NOT_VERIFIED,
-    SCHEMA_MISMATCHES,
-    STEP_NAMES,
-    CleanConfig,
-    CleanReport,
-    NoReadableRows,
-    StepCount,
-    clean_file,
-    parse_resample,
-    schema_mismatch_lines,
-)
-from learner.sft_formats import AUTO, FORMATS
-from rewards.judge import ChatClientConfig, JudgeUnavailable
+if TYPE_CHECKING:  # the pipeline is imported when the command runs: the command line starts fast
+    from learner.sft_data import CleanConfig, CleanReport, StepCount
 
 NAME = "data"
 HELP = "Prepare training data: 'data clean' turns raw agent trajectories into SFT rows."
 UNREADABLE_SHOWN = 20
-_MISMATCH_EVENTS = frozenset(event for events in SCHEMA_MISMATCHES.values() for event in events)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from learner.sft_data import KNOWN_TOOLS, CleanConfig  # noqa: PLC0415 - only for this command
+    from learner.sft_formats import AUTO, FORMATS  # noqa: PLC0415
+
     sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
     clean = sub.add_parser("clean", help="clean, filter and resample trajectories for SFT (§10)",
                            description="Clean, filter and resample raw agent trajectories for SFT.")
@@ -71,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from learner.sft_data import NoReadableRows, clean_file  # noqa: PLC0415 - see add_arguments
+    from rewards.judge import JudgeUnavailable  # noqa: PLC0415
+
     try:
         config = clean_config(args)
     except ValueError as error:
@@ -94,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
 def clean_config(args: argparse.Namespace) -> CleanConfig:
     """The pipeline's config from the ``clean`` options; ValueError says which option is wrong."""
+    from learner.sft_data import CleanConfig, parse_resample  # noqa: PLC0415
+    from rewards.judge import ChatClientConfig  # noqa: PLC0415
+
     if (args.judge_url is None) != (args.judge_model is None):
         raise ValueError("the judge needs both --judge-url and --judge-model")
     judge = None
@@ -113,6 +108,8 @@ def _progress(message: str) -> None:
 
 
 def print_report(report: CleanReport, target: Path) -> None:
+    from learner.sft_data import KEPT_UNVERIFIED, NOT_VERIFIED  # noqa: PLC0415
+
     print(f"data clean: {report.source}")
     print(f"read: {report.rows_read} rows, {len(report.unreadable)} unreadable")
     print("format: " + ", ".join(f"{name} ({count} rows)" for name, count in sorted(report.formats.items())))
@@ -131,9 +128,12 @@ def print_report(report: CleanReport, target: Path) -> None:
 
 
 def print_step(number: int, step: StepCount) -> None:
+    from learner.sft_data import SCHEMA_MISMATCHES, STEP_NAMES, schema_mismatch_lines  # noqa: PLC0415
+
+    mismatch_events = {event for events in SCHEMA_MISMATCHES.values() for event in events}
     print(f"step {number} {step.name}: {step.rows_in} rows in, {step.rows_out} rows out")
     for event, count in step.events.items():
-        if event not in _MISMATCH_EVENTS:  # said in a sentence below
+        if event not in mismatch_events:  # said in a sentence below
             print(f"  {event}: {count}")
     if step.name == STEP_NAMES[0]:
         for line in schema_mismatch_lines(step.events):

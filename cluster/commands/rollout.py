@@ -11,9 +11,6 @@ import argparse
 import logging
 from pathlib import Path
 
-from cluster.config import ConfigError, dump_config, load_config
-from cluster.rollout import RolloutConfig, run_rollout
-from envs.corpus_server import CorpusServerError
 
 NAME = "rollout"
 HELP = "Roll out G samples per task on Ray and write trajectories (JSONL) with a summary."
@@ -28,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: the command line (and --help) starts without them
+    from cluster.config import ConfigError, dump_config, load_config
+    from cluster.rollout import RolloutConfig, run_rollout
+    from envs.corpus_server import CorpusServerError
+
     try:
         cfg = load_config(RolloutConfig, args.config, args.overrides)
     except ConfigError as error:

@@ -8,11 +8,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.config import ConfigError, load_config
-from cluster.score import ScoreConfig, score_file
-from learner.credit import CreditInputError
-from rewards.base import RewardError
-from rollout.trajectory import TrajectoryError
 
 NAME = "score"
 HELP = "Score saved trajectories with the configured reward plugins and assign credit."
@@ -28,6 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: the command line (and --help) starts without them
+    from cluster.config import ConfigError, load_config
+    from cluster.score import ScoreConfig, score_file
+    from learner.credit import CreditInputError
+    from rewards.base import RewardError
+    from rollout.trajectory import TrajectoryError
+
     try:
         cfg = load_config(ScoreConfig, args.config, args.overrides)
     except ConfigError as error:

@@ -14,10 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 
-from cluster.config import ConfigError, dump_config, load_config
-from cluster.sft import SftJob, run_sft
-from learner.sft import SftDataError
-from learner.trainer import LearnerError
 
 NAME = "sft"
 HELP = "Supervised fine-tuning on trajectories or chat rows, with evaluation before and after."
@@ -31,6 +27,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: the command line (and --help) starts without them
+    from cluster.config import ConfigError, dump_config, load_config
+    from cluster.sft import SftJob, run_sft
+    from learner.sft import SftDataError
+    from learner.trainer import LearnerError
+
     try:
         job = load_config(SftJob, args.config, args.overrides)
     except (ConfigError, LearnerError) as error:

@@ -11,11 +11,6 @@ import argparse
 import logging
 from pathlib import Path
 
-from cluster.config import dump_config, load_config
-from cluster.train import TrainJob, check, learning_line, run_train
-from envs.corpus_server import CorpusServerError
-from rewards.service import RewardServiceError
-from rollout.store import StoreError
 
 NAME = "train"
 HELP = "Train the policy: rollouts, rewards, credit, veRL updates and weight publishing, step by step."
@@ -30,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: the command line (and --help) starts without them
+    from cluster.config import dump_config, load_config
+    from cluster.train import TrainJob, check, learning_line, run_train
+    from envs.corpus_server import CorpusServerError
+    from rewards.service import RewardServiceError
+    from rollout.store import StoreError
+
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     try:
         job = load_config(TrainJob, args.config, overrides)

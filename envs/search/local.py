@@ -26,11 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import bm25s
 import numpy as np
-import Stemmer
 import tantivy
-from bm25s.stopwords import STOPWORDS_EN
 
 from envs.corpus import read_corpus
 from envs.search.base import Document, SearchHit
@@ -135,6 +132,9 @@ class _Bm25sEngine:
 
     def __init__(self, documents: Sequence[Document], title_boost: float) -> None:
         self._title_boost = title_boost
+        import Stemmer  # noqa: PLC0415 - bm25s (with numba) is imported when this engine is chosen
+        from bm25s.stopwords import STOPWORDS_EN  # noqa: PLC0415
+
         self._stemmer = Stemmer.Stemmer("english")
         self._stopwords = frozenset(STOPWORDS_EN)
         self._rows = len(documents)
@@ -146,6 +146,8 @@ class _Bm25sEngine:
         # bm25s cannot index a field in which no document has a single term.
         if not any(terms_per_doc):
             return None
+        import bm25s  # noqa: PLC0415
+
         index = bm25s.BM25()
         index.index(terms_per_doc, show_progress=False)
         return index

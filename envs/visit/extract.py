@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import trafilatura
-
 Favor = Literal["balanced", "precision", "recall"]
 
 
@@ -28,6 +26,8 @@ class ExtractConfig:
 
 def extract_text(html: str, url: str | None = None, config: ExtractConfig | None = None) -> str:
     """The main text of ``html`` as plain text with paragraphs on their own lines; "" when none."""
+    import trafilatura  # noqa: PLC0415 - a quarter of a second to import; only a visit needs it
+
     cfg = config or ExtractConfig()
     if not html.strip():
         return ""

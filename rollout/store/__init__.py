@@ -10,6 +10,8 @@ items on a restart (``tests/test_store_durability.py`` kills and restarts real s
 
 from __future__ import annotations
 
+import importlib
+
 from rollout.store.base import (
     FINISHED,
     SCORED,
@@ -22,12 +24,11 @@ from rollout.store.base import (
     TrajectoryStore,
     without_password,
 )
-from rollout.store.memory import MemoryStoreActor, MemoryTrajectoryStore
-from rollout.store.redis import RedisTrajectoryStore
-
-STORE_BACKENDS: dict[str, type[MemoryTrajectoryStore | RedisTrajectoryStore]] = {
-    "memory": MemoryTrajectoryStore,
-    "redis": RedisTrajectoryStore,
+# A backend's module is imported when a config names it (the memory store imports Ray): reading a
+# config, or the contract, stays cheap.
+STORE_BACKENDS: dict[str, str] = {
+    "memory": "rollout.store.memory:MemoryTrajectoryStore",
+    "redis": "rollout.store.redis:RedisTrajectoryStore",
 }
 
 
@@ -45,12 +46,12 @@ def check_durability(config: StoreConfig) -> None:
     _backend(config).check_durability(config)
 
 
-def _backend(config: StoreConfig) -> type[MemoryTrajectoryStore | RedisTrajectoryStore]:
-    try:
-        return STORE_BACKENDS[config.kind]
-    except KeyError:
+def _backend(config: StoreConfig) -> type[TrajectoryStore]:
+    if config.kind not in STORE_BACKENDS:
         known = ", ".join(sorted(STORE_BACKENDS))
-        raise ValueError(f"store.kind={config.kind!r} is not known; use one of: {known}") from None
+        raise ValueError(f"store.kind={config.kind!r} is not known; use one of: {known}")
+    module, _, name = STORE_BACKENDS[config.kind].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = [
@@ -58,9 +59,6 @@ __all__ = [
     "SCORED",
     "STORE_BACKENDS",
     "Claimed",
-    "MemoryStoreActor",
-    "MemoryTrajectoryStore",
-    "RedisTrajectoryStore",
     "StoreConfig",
     "StoreDataLostError",
     "StoreError",
