@@ -312,8 +312,10 @@ class Learner:
                 data["old_log_probs"] = self._log_probs(self._actor, layout)
             if self._reference is not None:
                 data["ref_log_prob"] = self._log_probs(self._reference, layout)
+        # veRL's loss adds the entropy bonus only when the forward computed the entropy.
         tu.assign_non_tensor(data, global_batch_size=c.mini_batch, mini_batch_size=c.mini_batch,
-                             epochs=c.epochs, seed=seed, temperature=1.0)
+                             epochs=c.epochs, seed=seed, temperature=1.0,
+                             calculate_entropy=not sft and c.entropy_coeff != 0)
         output = self._actor.train_mini_batch(data).get()
         metrics = _flatten_metrics(tu.get(output, "metrics"))
         self.step += 1

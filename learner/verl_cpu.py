@@ -15,6 +15,7 @@ reports (``max_memory_allocated`` and friends; here they report 0), and veRL's d
 backend string ``cpu:gloo,<device>:<backend>`` becomes ``cpu:gloo,cpu:gloo``, which torch rejects, so
 process groups are created with plain ``gloo``. The engine settings that work on CPU are in
 :data:`CPU_ENGINE_SETTINGS` (FSDP2, fp32, no remove-padding, sdpa attention); FSDP1 does not run on CPU.
+One cost is cut here too: veRL's per-row log-prob loop (see :func:`_whole_tensor_log_probs`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ CPU_ENGINE_SETTINGS: dict[str, Any] = {
     "optimizer_offload": False,
     "model_dtype": "fp32",
     "mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+    # Keep the gathered parameters between forward and backward (the model is small; on gloo
+    # each gather of each micro-batch is a round of collectives).
+    "reshard_after_forward": False,
 }
 
 
@@ -232,6 +236,31 @@ def _gloo_process_groups() -> None:
     distributed.initialize_global_process_group_ray = initialize
 
 
+def _whole_tensor_log_probs() -> None:
+    """Token log-probs from one ``log_softmax`` over the logits, not veRL's row loop.
+
+    Without flash-attention's cross-entropy kernel, veRL 0.9.1 falls back to
+    ``logprobs_from_logits_v2``, which for fp32 takes the ``logsumexp`` of one token's row at a time
+    in a Python loop (to bound peak memory on big vocabularies): ~1,750 small kernels, and as many
+    backward nodes, per sample. On CPU, with the model's small vocabulary, ``log_softmax`` and a
+    gather over the whole tensor is the same arithmetic in one kernel
+    (``tests/test_learner.py::test_cpu_log_probs_match_verl_row_loop``).
+    """
+    from verl.utils import torch_functional
+
+    if getattr(torch_functional.logprobs_from_logits_v2, "turnstile_cpu", False):
+        return
+    row_loop = torch_functional.logprobs_from_logits_v2
+
+    def whole_tensor(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if logits.dtype not in (torch.float32, torch.float64):
+            return row_loop(logits, labels)
+        return torch_functional.logprobs_from_logits_naive(logits, labels)
+
+    whole_tensor.turnstile_cpu = True  # type: ignore[attr-defined]
+    torch_functional.logprobs_from_logits_v2 = whole_tensor
+
+
 def activate() -> None:
     """Run veRL on CPU in this process (the driver; workers get :func:`worker_env` instead).
 
@@ -247,8 +276,10 @@ def activate() -> None:
     elif not isinstance(current, PlatformCPU):
         set_platform(PlatformCPU())
     _gloo_process_groups()
+    _whole_tensor_log_probs()
 
 
 # A worker process started with worker_env() imports this module through VERL_USE_EXTERNAL_MODULES.
 if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
     _gloo_process_groups()
+    _whole_tensor_log_probs()

@@ -198,7 +198,7 @@ async def test_rl_step_on_scored_trajectories_then_publish_to_vllm(
 def test_gspo_loss_with_kl_to_the_reference(ray_local: None) -> None:  # noqa: ARG001
     """GSPO's sequence-level ratio and low_var_kl to a frozen reference, through veRL's ppo_loss."""
     gspo = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-2, loss="gspo",
-                                 clip_ratio_low=3e-4, clip_ratio_high=4e-4, kl_coef=0.1,
+                                 clip_ratio_low=3e-4, clip_ratio_high=4e-4, kl_coef=0.1, entropy_coeff=1e-3,
                                  loss_agg_mode="seq-mean-token-mean", recompute_old_log_probs=True)).start()
     try:
         samples = random_samples(4, seed=21)
@@ -211,6 +211,29 @@ def test_gspo_loss_with_kl_to_the_reference(ray_local: None) -> None:  # noqa: A
     assert first["actor/pg_clipfrac"] == 0.0
     # After an update the policy has moved away from the reference.
     assert second["kl_loss"] > 1e-6
+    # entropy_coeff > 0 reaches the loss (veRL adds it only when the forward computed the entropy).
+    assert first["actor/entropy_loss"] > 0
+
+
+def test_cpu_log_probs_match_verl_row_loop() -> None:
+    """The CPU learner's token log-probs (one log_softmax) equal veRL's row-by-row logsumexp,
+    values and gradients."""
+    from verl.utils import torch_functional
+
+    from learner import verl_cpu
+
+    verl_cpu._whole_tensor_log_probs()
+    generator = torch.Generator().manual_seed(3)
+    logits = (torch.randn(300, 8192, generator=generator) * 4).requires_grad_()
+    labels = torch.randint(0, 8192, (300,), generator=generator)
+    ours = torch_functional.logprobs_from_logits(logits, labels)
+    (ours_grad,) = torch.autograd.grad(ours.sum(), logits)
+    reference = logits.gather(-1, labels[:, None]).squeeze(-1) - torch.stack([torch.logsumexp(row, -1)
+                                                                               for row in logits])
+    (reference_grad,) = torch.autograd.grad(reference.sum(), logits)
+    assert getattr(torch_functional.logprobs_from_logits_v2, "turnstile_cpu", False)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours_grad, reference_grad, atol=1e-5, rtol=0)  # float32 rounding
 
 
 def test_optimizer_setting_reaches_the_update(ray_local: None) -> None:  # noqa: ARG001
