@@ -17,7 +17,7 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from cluster.metrics import is_correct
+from rollout.summary import is_correct
 from rollout.trajectory import Trajectory, load_trajectories
 
 KINDS = ("correct", "a name on no page", "a name shown", "no answer")

@@ -88,7 +88,8 @@ def _previous_wall(out: Path) -> float:
 def run_summary(out: Path) -> dict[str, object]:
     """What one finished run measured: accuracy per evaluation, browse ratio of correct and wrong
     final-evaluation trajectories, turns per episode, wall time."""
-    from cluster.metrics import browse_ratio, is_correct
+    from cluster.metrics import browse_ratio
+    from rollout.summary import is_correct
 
     data = json.loads((out / "run.json").read_text())
     evals = {int(row["step"]): row["eval/accuracy"] for row in data["history"] if "eval/accuracy" in row}

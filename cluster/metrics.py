@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, Self
 
-from envs.answers import answer_matches
+from rollout.summary import is_correct
 from rollout.trajectory import StopReason, Trajectory
 
 if TYPE_CHECKING:
@@ -53,19 +53,6 @@ class MetricsConfig:
 
 
 # ---- what a step amounts to ---------------------------------------------------------------------
-
-def is_correct(trajectory: Trajectory) -> bool:
-    """The judge's verdict when an ``llm_judge`` outcome left one; else a well-formed answer that
-    matches a gold alternative exactly (the same rule as the rollout summary).
-
-    ``trajectory.outcome`` is not used: an F1 outcome gives partial credit and a format penalty is
-    negative, so ``outcome > 0`` does not mean right.
-    """
-    verdict = trajectory.metadata.get("llm_judge")
-    if isinstance(verdict, dict) and isinstance(verdict.get("correct"), bool):
-        return bool(verdict["correct"])
-    return trajectory.answered and answer_matches(trajectory.answer, trajectory.answers)
-
 
 Z95 = 1.959964  # the two-sided 95% normal quantile
 

@@ -10,6 +10,20 @@ from envs.answers import answer_matches
 from rollout.trajectory import StopReason, Trajectory
 
 
+def is_correct(trajectory: Trajectory) -> bool:
+    """Whether an episode got the question right: the judge's verdict when an ``llm_judge`` outcome
+    left one; else a well-formed answer that matches a gold alternative exactly. The one rule of the
+    rollout summary, the training metrics and the held-out evaluation.
+
+    ``trajectory.outcome`` is not used: an F1 outcome gives partial credit and a format penalty is
+    negative, so ``outcome > 0`` does not mean right.
+    """
+    verdict = trajectory.metadata.get("llm_judge")
+    if isinstance(verdict, dict) and isinstance(verdict.get("correct"), bool):
+        return bool(verdict["correct"])
+    return trajectory.answered and answer_matches(trajectory.answer, trajectory.answers)
+
+
 @dataclass
 class RolloutSummary:
     episodes: int
@@ -70,7 +84,7 @@ def summarize(trajectories: Sequence[Trajectory], wall_s: float, failed: int = 0
         response_tokens=sum(len(turn.response_ids) for turn in turns),
         observation_tokens=sum(len(turn.observation_ids) for turn in turns),
         answered=sum(t.answered for t in trajectories),
-        correct=sum(answer_matches(t.answer, t.answers) for t in trajectories if t.answered),
+        correct=sum(is_correct(t) for t in trajectories),
         tool_calls=sum(turn.tool is not None for turn in turns),
         tool_errors=sum(turn.tool_ok is False for turn in turns),
         wall_s=wall_s,

@@ -19,11 +19,11 @@ from cluster.metrics import (
     MetricsConfig,
     MetricsError,
     MetricsSink,
-    is_correct,
     render,
     step_metrics,
 )
 from learner.trainer import StepReport
+from rollout.summary import is_correct
 from rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 
