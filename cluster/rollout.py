@@ -102,7 +102,7 @@ def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> Rollout
                                 cfg.fleet.engine_cpus, cfg.fleet.engine_gpus)
         router = EngineRouter(engines)
         spec = WorkerSpec(tools=cfg.tools, episode=cfg.episode, context=cfg.context, corpus=corpus,
-                          tokenizer=model, policy_name=f"{cfg.engine.kind}:{Path(model).name}")
+                          model=model, policy_name=f"{cfg.engine.kind}:{Path(model).name}")
         workers = start_workers(spec, router, cfg.fleet.workers, cfg.fleet.episodes_per_worker,
                                 cfg.fleet.worker_cpus, cfg.fleet.worker_restarts,
                                 name_prefix=f"turnstile-{uuid.uuid4().hex[:8]}-")

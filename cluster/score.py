@@ -18,7 +18,7 @@ from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.tasks import Task
 from learner.credit import build_estimator, estimator_class
 from learner.credit.registry import CreditResult
-from learner.credit.rollout import assign_credit
+from learner.credit.assign import assign_credit
 from rewards.base import RewardPlugin, RewardSpec, build_reward, parse_options
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 

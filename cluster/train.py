@@ -49,7 +49,7 @@ from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.tasks import Task
 from learner.credit import build_estimator, estimator_class
 from learner.credit.registry import Estimator
-from learner.credit.rollout import assign_credit
+from learner.credit.assign import assign_credit
 from learner.publish import WeightsArchive, publish
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
@@ -222,7 +222,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
         # Built here, in the driver: a memory store's actor must outlive the workers it serves.
         store = build_store(store_config)
         spec = WorkerSpec(tools=job.rollout.tools, episode=job.rollout.episode, context=job.rollout.context,
-                          corpus=corpus, tokenizer=model, policy_name=f"{job.rollout.engine.kind}:{Path(model).name}",
+                          corpus=corpus, model=model, policy_name=f"{job.rollout.engine.kind}:{Path(model).name}",
                           store=store, checkpoint_every=job.rollout.fleet.checkpoint_every)
         workers = start_workers(spec, router, job.rollout.fleet.workers,
                                 job.rollout.fleet.episodes_per_worker, job.rollout.fleet.worker_cpus,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from learner.batch import Sample, check_unique_trajectories
 from learner.credit.registry import Estimator
-from learner.credit.rollout import assign_credit, token_advantages
+from learner.credit.assign import assign_credit, token_advantages
 from rollout.trajectory import Segment, Trajectory
 
 

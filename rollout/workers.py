@@ -76,7 +76,7 @@ class WorkerSpec:
     episode: EpisodeConfig
     context: ContextConfig
     corpus: CorpusConfig
-    tokenizer: str  # the policy's model directory (its tokenizer and chat template)
+    model: str  # the policy's model directory (its tokenizer and chat template)
     policy_name: str = ""
     store: TrajectoryStore | None = None  # where episode checkpoints go (None = no checkpoints)
     checkpoint_every: int = 4  # turns between checkpoints of a running episode (0 = none)
@@ -91,7 +91,7 @@ class RolloutWorker:
         documents = corpus_documents(spec.corpus, spec.corpus.base_url)
         allow = [urlsplit(spec.corpus.base_url).netloc] if spec.corpus.base_url else []
         self.toolbox = build_toolbox(spec.tools, documents or None, allow_hosts=allow)
-        self.chat = ChatFormat.from_pretrained(spec.tokenizer)
+        self.chat = ChatFormat.from_pretrained(spec.model)
         self.episodes_done = 0
         self.resumed = 0  # episodes continued from a checkpoint
         self._running: dict[str, int] = {}  # episode -> checkpoints saved so far

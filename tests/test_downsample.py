@@ -9,11 +9,11 @@ import pytest
 
 from learner.batch import Sample, samples_from_trajectories
 from learner.credit import build_estimator
-from learner.credit.rollout import assign_credit
+from learner.credit.assign import assign_credit
 from learner.downsample import downsample, kept_count, renormalise
 from rollout.trajectory import Segment, Trajectory
 from tests.test_batch import trajectory, turn
-from tests.test_credit_rollout import scored
+from tests.test_credit_assign import scored
 
 TOLERANCE = 1e-5
 

@@ -31,7 +31,7 @@ from envs.synthetic.world import WorldConfig, generate_world
 from envs.tasks import Task
 from envs.tools.toolbox import Toolbox
 from learner.credit import IgpoOptions, build_estimator
-from learner.credit.rollout import assign_credit
+from learner.credit.assign import assign_credit
 from rewards.ig_scoring import HFInformationGainScorer, PerPrefixScorer
 from rewards.information_gain import (
     LEAD_TEXT,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from learner.credit import build_estimator
-from learner.credit.rollout import assign_credit, response_mask, token_advantages
+from learner.credit.assign import assign_credit, response_mask, token_advantages
 from tests.test_trajectory import sample_trajectory
 
 
