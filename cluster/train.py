@@ -230,7 +230,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
         sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
                                    or str(out / "tensorboard")), run_name=out.name)
         run = Run(job, out, Learner(replace(job.learner, model=model)), router, workers, tasks, eval_tasks,
-                  estimator, sink, progress, name=name, store=store_config)
+                  estimator, sink, progress, name=name, store_config=store_config)
         if any(entry.kind == IG_REWARD for entry in job.rewards):  # IG scores with the generating version
             run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
         try:
@@ -257,7 +257,7 @@ class Run:
     def __init__(self, job: TrainJob, out: Path, learner: Learner, router: EngineRouter,
                  workers: list[ray.actor.ActorHandle], tasks: list[Task], eval_tasks: list[Task],
                  estimator: Estimator, sink: MetricsSink, progress: bool, name: str = "turnstile",
-                 store: StoreConfig | None = None) -> None:
+                 store_config: StoreConfig | None = None) -> None:
         self.job, self.out, self.learner, self.router = job, out, learner, router
         self.workers, self.tasks, self.eval_tasks = workers, tasks, eval_tasks
         self.estimator, self.sink, self.progress = estimator, sink, progress
@@ -265,7 +265,7 @@ class Run:
         self.rerun = 0
         self.failed = 0  # episodes recorded as failed by the driver (worker gone too often, or it raised)
         self.name = name  # the prefix of the run's actor names
-        self.store = store or self.job.store  # this driver's namespace in the store
+        self.store_config = store_config or self.job.store  # this driver's namespace in the store
         self.archive: WeightsArchive | None = None
 
     def resume_if_asked(self) -> None:

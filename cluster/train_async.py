@@ -53,9 +53,9 @@ async def async_loop(run: Run) -> None:
     learning: asyncio.Future[None] | None = None
     last_step_at = time.monotonic()
     specs = run.reward_specs()
-    store = build_store(run.store)
+    store = build_store(run.store_config)
     service = replace(job.reward_service, name_prefix=job.reward_service.name_prefix or f"{run.name}-reward")
-    async with RewardService(run.store, specs, service, tasks={task.id: task for task in run.tasks}) as rewards:
+    async with RewardService(run.store_config, specs, service, tasks={task.id: task for task in run.tasks}) as rewards:
         while state.step < job.steps:
             bound = (job.staleness + state.weights_version + 1) * batch
             while (state.accepted + len(running) + group_size <= bound
