@@ -43,6 +43,7 @@ from cluster.rollout import (
     serve_corpus,
 )
 from cluster.score import EstimatorEntry, RewardEntry, find_tasks, run_plugins
+from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
@@ -240,8 +241,6 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
             if job.mode == "sync":
                 run.sync_loop()
             else:
-                from cluster.train_async import async_loop
-
                 asyncio.run(async_loop(run))
         finally:
             sink.close()
@@ -275,6 +274,10 @@ class Run:
         self.state = _load_state(self.out)
         asyncio.run(self.publish(self.state.weights_version))
         print(f"resumed at step {self.state.step} (weights version {self.state.weights_version})")
+
+    def task(self, k: int) -> Task:
+        """The ``k``-th task of the run's walk over its training tasks (:func:`task_at`)."""
+        return task_at(self.tasks, k, self.job.shuffle, self.job.learner.seed)
 
     def sync_loop(self) -> None:
         """Generate a batch, score it, update, publish; repeat."""

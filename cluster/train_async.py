@@ -29,12 +29,11 @@ import ray
 from ray.exceptions import RayActorError
 
 from cluster.rollout import episode_raised, failed_trajectory
-from cluster.train import task_at
 from rewards.service import RewardService
 from rollout.store import FINISHED, build_store
 from rollout.trajectory import Trajectory
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: cluster.train imports this module, not the other way round
     from cluster.train import Run
 
 log = logging.getLogger(__name__)
@@ -60,7 +59,7 @@ async def async_loop(run: Run) -> None:
             bound = (job.staleness + state.weights_version + 1) * batch
             while (state.accepted + len(running) + group_size <= bound
                    and sum(capacity - n for n in load) >= group_size):
-                task = task_at(run.tasks, state.cursor, job.shuffle, job.learner.seed)
+                task = run.task(state.cursor)
                 uid = f"a{state.cursor}-{task.id}"
                 state.cursor += 1
                 for sample in range(group_size):
