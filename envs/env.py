@@ -13,7 +13,6 @@ forced-answer instruction instead of a tool result.
 from __future__ import annotations
 
 import abc
-import enum
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -22,6 +21,7 @@ from envs.protocol import (
     FINAL_ANSWER_INSTRUCTION,
     MAX_CALL_CHARS,
     ParsedTurn,
+    StopReason,
     TurnKind,
     parse_turn,
     render_correction,
@@ -32,14 +32,6 @@ from envs.tasks import Task
 from envs.tools.toolbox import Toolbox
 
 Message = dict[str, str]
-
-
-class EpisodeEnd(enum.Enum):
-    """Why an environment finished an episode."""
-
-    ANSWERED = "answered"  # a well-formed answer
-    MALFORMED_ANSWER = "malformed_answer"  # an answer attempt that failed the format check
-    NO_ANSWER = "no_answer"  # the final turn (after the forced-answer instruction) did not answer
 
 
 @dataclass
@@ -74,7 +66,7 @@ class StepInfo:
     tool_cached: bool = False
     tool_seconds: float = 0.0
     forced_final: bool = False  # the observation is the forced-answer instruction
-    end: EpisodeEnd | None = None
+    end: StopReason | None = None
 
     @property
     def format_ok(self) -> bool:
@@ -164,10 +156,10 @@ class SearchBrowseEnv(Env):
                             max_call_chars=self.config.max_tool_call_chars)
 
         if parsed.kind is TurnKind.ANSWER:
-            end = EpisodeEnd.ANSWERED if parsed.format_ok else EpisodeEnd.MALFORMED_ANSWER
+            end = StopReason.ANSWERED if parsed.format_ok else StopReason.MALFORMED_ANSWER
             return self._finish(turn, parsed, end)
         if self._final_next:
-            return self._finish(turn, parsed, EpisodeEnd.NO_ANSWER)
+            return self._finish(turn, parsed, StopReason.NO_ANSWER)
 
         if parsed.kind is TurnKind.MALFORMED:
             info = StepInfo(turn, parsed)
@@ -214,7 +206,7 @@ class SearchBrowseEnv(Env):
     def _budget_spent(self) -> bool:
         return sum(self.tool_calls.values()) >= self.tool_budget
 
-    def _finish(self, turn: int, parsed: ParsedTurn, end: EpisodeEnd) -> StepResult:
+    def _finish(self, turn: int, parsed: ParsedTurn, end: StopReason) -> StepResult:
         self._done = True
         return StepResult("", True, StepInfo(turn, parsed, end=end))
 

@@ -46,6 +46,20 @@ FINAL_ANSWER_INSTRUCTION = (
 )
 
 
+class StopReason(enum.Enum):
+    """Why an episode ended. The environment ends one with the first three (:class:`envs.env.StepInfo`'s
+    ``end``); the episode loop adds the others (engine, budget and wall-clock limits, failures)."""
+
+    ANSWERED = "answered"  # a well-formed answer
+    MALFORMED_ANSWER = "malformed_answer"  # an answer attempt that failed the format check
+    NO_ANSWER = "no_answer"  # the forced-answer turn (max turns or budget) did not answer
+    CONTEXT_OVERFLOW = "context_overflow"  # the context budget ran out and no answer followed
+    MAX_TOKENS = "max_tokens"  # a turn hit max_new_tokens on the forced-answer turn
+    ENGINE_ERROR = "engine_error"  # the policy engine failed; the episode is incomplete
+    TIMEOUT = "timeout"  # the episode's wall-clock limit passed
+    ERROR = "error"  # anything else failed (metadata["error"] says what); the episode is incomplete
+
+
 class TurnKind(enum.Enum):
     TOOL_CALL = "tool_call"
     ANSWER = "answer"

@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from envs.env import EnvConfig, EpisodeEnd, SearchBrowseEnv, StepResult
+from envs.env import EnvConfig, SearchBrowseEnv, StepResult
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, without_surrogates
 from envs.tasks import Task
 from envs.tools.base import JsonObject
@@ -355,11 +355,11 @@ class _Episode:
     def _finish(self, step: StepResult, generation: Generation) -> None:
         end = step.info.end
         self.trajectory.answer = step.info.answer
-        if end is EpisodeEnd.ANSWERED:
+        if end is StopReason.ANSWERED:
             reason = StopReason.ANSWERED
         elif generation.finish_reason == FINISH_LENGTH:
             reason = StopReason.MAX_TOKENS  # the last turn was cut before it could answer
-        elif end is EpisodeEnd.MALFORMED_ANSWER:
+        elif end is StopReason.MALFORMED_ANSWER:
             reason = StopReason.MALFORMED_ANSWER
         elif self.overflowed:
             reason = StopReason.CONTEXT_OVERFLOW

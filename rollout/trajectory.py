@@ -16,7 +16,6 @@ field path at fault.
 
 from __future__ import annotations
 
-import enum
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -24,22 +23,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO
 
+from envs.protocol import StopReason
 from envs.tools.base import JsonObject, JsonValue
 
 SCHEMA_VERSION = 1
-
-
-class StopReason(enum.Enum):
-    """Why an episode ended."""
-
-    ANSWERED = "answered"  # a well-formed answer
-    MALFORMED_ANSWER = "malformed_answer"  # an answer attempt that failed the format check
-    NO_ANSWER = "no_answer"  # the forced-answer turn (max turns or budget) did not answer
-    CONTEXT_OVERFLOW = "context_overflow"  # the context budget ran out and no answer followed
-    MAX_TOKENS = "max_tokens"  # a turn hit max_new_tokens on the forced-answer turn
-    ENGINE_ERROR = "engine_error"  # the policy engine failed; the episode is incomplete
-    TIMEOUT = "timeout"  # the episode's wall-clock limit passed
-    ERROR = "error"  # anything else failed (metadata["error"] says what); the episode is incomplete
 
 
 @dataclass

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envs.env import EnvConfig, EpisodeEnd, SearchBrowseEnv
+from envs.env import EnvConfig, SearchBrowseEnv
+from envs.protocol import StopReason
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, render_answer, render_tool_call
 from envs.tasks import Task
 from envs.tools.base import ToolError
@@ -44,7 +45,7 @@ async def test_tool_turn_then_answer() -> None:
     assert not result.done and result.info.format_ok and result.info.tool == "search"
     assert result.observation == "<tool_response>\necho: abc\n</tool_response>"
     final = await env.step(render_answer("Ada", "done"))
-    assert final.done and final.info.end is EpisodeEnd.ANSWERED and final.info.answer == "Ada"
+    assert final.done and final.info.end is StopReason.ANSWERED and final.info.answer == "Ada"
     assert final.observation == ""
 
 
@@ -60,7 +61,7 @@ async def test_malformed_answer_ends_episode() -> None:
     env = make_env()
     await env.reset()
     result = await env.step("<think>x</think>The answer is <answer>Ada</answer>")
-    assert result.done and result.info.end is EpisodeEnd.MALFORMED_ANSWER and not result.info.format_ok
+    assert result.done and result.info.end is StopReason.MALFORMED_ANSWER and not result.info.format_ok
 
 
 async def test_last_allowed_turn_gets_forced_answer_instruction() -> None:
@@ -71,7 +72,7 @@ async def test_last_allowed_turn_gets_forced_answer_instruction() -> None:
     second = await env.step(call())
     assert second.info.forced_final and second.observation == FINAL_ANSWER_INSTRUCTION
     third = await env.step(call())  # ignores the instruction
-    assert third.done and third.info.end is EpisodeEnd.NO_ANSWER and third.info.tool is None
+    assert third.done and third.info.end is StopReason.NO_ANSWER and third.info.tool is None
     with pytest.raises(RuntimeError, match="episode is over"):
         await env.step(call())
 
@@ -80,7 +81,7 @@ async def test_single_turn_episode_asks_for_answer_up_front() -> None:
     env = make_env(EnvConfig(max_turns=1))
     messages = await env.reset()
     assert FINAL_ANSWER_INSTRUCTION in messages[-1]["content"]
-    assert (await env.step(render_answer("Ada", "x"))).info.end is EpisodeEnd.ANSWERED
+    assert (await env.step(render_answer("Ada", "x"))).info.end is StopReason.ANSWERED
 
 
 async def test_overflow_forces_final_answer() -> None:
@@ -89,7 +90,7 @@ async def test_overflow_forces_final_answer() -> None:
     await env.step(call())
     assert env.force_final_answer() == FINAL_ANSWER_INSTRUCTION
     result = await env.step(call())
-    assert result.done and result.info.end is EpisodeEnd.NO_ANSWER
+    assert result.done and result.info.end is StopReason.NO_ANSWER
 
 
 async def test_total_tool_budget() -> None:
@@ -98,7 +99,7 @@ async def test_total_tool_budget() -> None:
     assert not (await env.step(call())).info.forced_final
     spent = await env.step(call())
     assert spent.info.forced_final and spent.observation == FINAL_ANSWER_INSTRUCTION
-    assert (await env.step(render_answer("Ada", "x"))).info.end is EpisodeEnd.ANSWERED
+    assert (await env.step(render_answer("Ada", "x"))).info.end is StopReason.ANSWERED
 
 
 async def test_per_tool_budget() -> None:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from envs.corpus_server import CorpusServer
 from envs.datasets.hotpotqa import HotpotQA, read_hotpotqa
-from envs.env import EnvConfig, EpisodeEnd, SearchBrowseEnv
+from envs.env import EnvConfig, SearchBrowseEnv
+from envs.protocol import StopReason
 from envs.protocol import render_answer, render_tool_call
 from envs.tools.toolbox import Toolbox
 from envs.toolset import ToolsConfig, build_toolbox
@@ -54,7 +55,7 @@ async def test_search_visit_answer_through_real_http(hotpot: HotpotQA, toolbox: 
     again = await env.step(render_tool_call("visit", {"url": [url], "goal": "positions held"}, "again"))
     assert again.info.tool_cached
     done = await env.step(render_answer("Chief of Protocol", "found"))
-    assert done.info.end is EpisodeEnd.ANSWERED
+    assert done.info.end is StopReason.ANSWERED
 
 
 async def test_ssrf_guard_still_refuses_other_loopback_ports(hotpot: HotpotQA, toolbox: Toolbox) -> None:
