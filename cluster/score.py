@@ -24,12 +24,6 @@ from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
 
 @dataclass
-class RewardEntry:
-    kind: str  # a registered reward plugin or package.module:Class
-    options: dict[str, Any] = field(default_factory=dict)  # checked by the plugin's own options class
-
-
-@dataclass
 class EstimatorEntry:
     name: str = "igpo"
     options: dict[str, Any] = field(default_factory=dict)  # checked by the estimator's Options
@@ -40,8 +34,7 @@ class ScoreConfig:
     """Which tasks the trajectories answer, how to reward them, and how to assign credit."""
 
     data: DatasetConfig = field(default_factory=lambda: DatasetConfig(kind="synthetic", path=""))
-    rewards: list[RewardEntry] = field(default_factory=lambda: [RewardEntry("exact_match"),
-                                                                RewardEntry("format")])
+    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("exact_match"), RewardSpec("format")])
     estimator: EstimatorEntry = field(default_factory=EstimatorEntry)
 
 
@@ -65,7 +58,7 @@ async def score_saved(cfg: ScoreConfig, source: Path, out: Path) -> ScoreReport:
     estimator = build_estimator(cfg.estimator.name, parse_options(
         estimator_class(cfg.estimator.name).Options, cfg.estimator.options,
         f"estimator {cfg.estimator.name!r}"))
-    plugins = [build_reward(RewardSpec(entry.kind, dict(entry.options))) for entry in cfg.rewards]
+    plugins = [build_reward(spec) for spec in cfg.rewards]
     tasks = find_tasks(cfg.data, trajectories)
     await run_plugins(plugins, trajectories, tasks)
     result: CreditResult = assign_credit(trajectories, estimator)

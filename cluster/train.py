@@ -42,7 +42,7 @@ from cluster.rollout import (
     init_ray,
     serve_corpus,
 )
-from cluster.score import EstimatorEntry, RewardEntry, find_tasks, run_plugins
+from cluster.score import EstimatorEntry, find_tasks, run_plugins
 from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
 from envs.corpus_server import PAGE_PREFIX
@@ -92,8 +92,7 @@ class TrainJob:
     rollout: RolloutConfig = field(default_factory=_default_rollout)  # data, engine, fleet, episode, ...
     eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
         kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)))  # all 110 held out
-    rewards: list[RewardEntry] = field(default_factory=lambda: [RewardEntry("exact_match"),
-                                                                RewardEntry("format")])
+    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("exact_match"), RewardSpec("format")])
     estimator: EstimatorEntry = field(default_factory=lambda: EstimatorEntry(name="grpo"))
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(
         mini_batch=32, micro_batch=1, lr=1e-4, max_length=4096, threads=2))

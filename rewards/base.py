@@ -28,7 +28,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import (
@@ -91,10 +91,11 @@ _REGISTERED: dict[str, PluginClass] = {}
 
 @dataclass
 class RewardSpec:
-    """One configured plugin: ``kind`` (registered name or ``package.module:Class``) and options."""
+    """One configured plugin: ``kind`` (registered name or ``package.module:Class``) and options; also
+    the config entry of a job's ``rewards`` list."""
 
     kind: str
-    options: dict[str, JsonValue] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # JSON values, checked by the plugin's options class
 
 
 def register_reward(name: str) -> Callable[[PluginClass], PluginClass]:

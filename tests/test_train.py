@@ -10,9 +10,10 @@ import pytest
 
 from cluster.cli import main
 from cluster.config import load_config
-from cluster.score import EstimatorEntry, RewardEntry
+from cluster.score import EstimatorEntry
 from cluster.train import TrainError, TrainJob, check, learning_line, run_train, step_tasks, trainable
 from envs.tasks import Task
+from rewards.base import RewardSpec
 from rollout.trajectory import Segment, StopReason, Trajectory, Turn, load_trajectories
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
@@ -146,7 +147,7 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
                  f"store.kind={store}", f"store.namespace=t{tmp_path.name}",
                  "rollout.fleet.episodes_per_worker=16", *([f"store.url={redis_url}"] if store == "redis" else [])]
     job = load_config(TrainJob, EXAMPLE, overrides)
-    job.rewards.append(RewardEntry("information_gain"))  # scored by the version that generated each sample
+    job.rewards.append(RewardSpec("information_gain"))  # scored by the version that generated each sample
     state = run_train(job, progress=False)
     assert state.step == 3 and state.weights_version == 3
     # Admission: never more than (η + version + 1) batches of samples started.
