@@ -197,7 +197,7 @@ def _tool_call_turn(rest: str, think: str, report: str | None, errors: list[str]
         return ParsedTurn(TurnKind.MALFORMED, False, tuple(errors), think=think, report=report)
     if rest[:start].strip() or rest[end + len(CALL_CLOSE):].strip():
         errors.append("nothing may stand around <tool_call>...</tool_call>")
-    call = _parse_call_body(rest[start + len(CALL_OPEN):end], errors, max_call_chars)
+    call = parse_call_body(rest[start + len(CALL_OPEN):end], errors, max_call_chars)
     if call is None or errors:
         return ParsedTurn(TurnKind.MALFORMED, False, tuple(errors), think=think, report=report)
     name, arguments = call
@@ -205,7 +205,12 @@ def _tool_call_turn(rest: str, think: str, report: str | None, errors: list[str]
                       arguments=arguments)
 
 
-def _parse_call_body(raw: str, errors: list[str], max_call_chars: int) -> tuple[str, JsonObject] | None:
+def parse_call_body(raw: str, errors: list[str],
+                    max_call_chars: int = MAX_CALL_CHARS) -> tuple[str, JsonObject] | None:
+    """A ``<tool_call>`` body as ``(name, arguments)``, or None with the reasons (worded for the
+    model) appended to ``errors``: JSON (JSON5 tolerated up to ``JSON5_MAX_CHARS``), an object with a
+    string ``name`` and an object ``arguments``, within the size, depth and text limits. Never raises.
+    The one call parser: the environment's turns and ``turnstile data clean``'s rows."""
     text = raw.strip()
     if len(text) > max_call_chars:
         errors.append(f"the tool call is {len(text)} characters long; at most {max_call_chars} are read")

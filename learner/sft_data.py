@@ -45,8 +45,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import json5
-
 from envs.answers import answer_matches
 from envs.protocol import (
     CALL_CLOSE,
@@ -55,6 +53,7 @@ from envs.protocol import (
     RESPONSE_OPEN,
     THINK_CLOSE,
     TurnKind,
+    parse_call_body,
     parse_turn,
     render_tool_response,
     strip_stop,
@@ -436,20 +435,10 @@ def _aligned_turn(text: str, events: Counter[str], raw_calls: list[ToolCall]) ->
 
 
 def parse_call(body: str) -> ToolCall | None:
-    """A ``<tool_call>`` body as JSON (JSON5 tolerated), or None when it is not a call object."""
-    try:
-        value = json.loads(body)
-    except ValueError:
-        try:
-            value = json5.loads(body)
-        except (ValueError, RecursionError, TypeError):
-            return None
-    if not isinstance(value, dict):
-        return None
-    name, arguments = value.get("name"), value.get("arguments")
-    if not isinstance(name, str) or not name.strip() or not isinstance(arguments, dict):
-        return None
-    return ToolCall(name.strip(), arguments)
+    """A ``<tool_call>`` body read by the environment's parser (:func:`envs.protocol.parse_call_body`),
+    or None when the environment would refuse it."""
+    call = parse_call_body(body, [])
+    return None if call is None else ToolCall(*call)
 
 
 def normalise_call(call: ToolCall, events: Counter[str]) -> ToolCall:
