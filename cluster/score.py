@@ -16,10 +16,11 @@ from typing import Any
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.tasks import Task
+from envs.plugins import typed_options
 from learner.credit import build_estimator, estimator_class
 from learner.credit.registry import CreditResult
 from learner.credit.assign import assign_credit
-from rewards.base import RewardPlugin, RewardSpec, build_reward, parse_options
+from rewards.base import RewardPlugin, RewardSpec, build_reward
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
 
@@ -55,7 +56,7 @@ async def score_saved(cfg: ScoreConfig, source: Path, out: Path) -> ScoreReport:
     trajectories = load_trajectories(source)
     if not trajectories:
         raise ValueError(f"{source} holds no trajectories")
-    estimator = build_estimator(cfg.estimator.name, parse_options(
+    estimator = build_estimator(cfg.estimator.name, typed_options(
         estimator_class(cfg.estimator.name).Options, cfg.estimator.options,
         f"estimator {cfg.estimator.name!r}"))
     plugins = [build_reward(spec) for spec in cfg.rewards]

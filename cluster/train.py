@@ -47,6 +47,7 @@ from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
+from envs.plugins import typed_options
 from envs.tasks import Task
 from learner.credit import build_estimator, estimator_class
 from learner.credit.registry import Estimator
@@ -54,7 +55,7 @@ from learner.credit.assign import assign_credit
 from learner.publish import WeightsArchive, publish
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
-from rewards.base import RewardSpec, build_reward, parse_options, resolve_reward
+from rewards.base import RewardError, RewardSpec, build_reward, resolve_reward
 from rewards.service import RewardServiceConfig
 from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import WARM_MODEL, resolve_model
@@ -143,9 +144,10 @@ def check(job: TrainJob) -> None:
         estimator = estimator_class(job.estimator.name)
     except KeyError as error:
         raise TrainError(f"estimator.name: {error.args[0]}") from None
-    parse_options(estimator.Options, job.estimator.options, f"estimator {job.estimator.name!r}")
+    typed_options(estimator.Options, job.estimator.options, f"estimator {job.estimator.name!r}")
     for entry in job.rewards:
-        parse_options(resolve_reward(entry.kind).config_type, dict(entry.options), f"reward {entry.kind!r}")
+        typed_options(resolve_reward(entry.kind).config_type, entry.options, f"reward {entry.kind!r}",
+                      error=RewardError)
     check_durability(job.store)  # a Redis that would lose acknowledged items (StoreError)
 
 
@@ -201,7 +203,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
     init_ray(job.rollout.ray)
     model = resolve_model(job.rollout.engine.model or job.learner.model)
     job = replace(job, rollout=replace(job.rollout, engine=expert_engine(job.rollout.engine, job.rollout.data)))
-    estimator = build_estimator(job.estimator.name, parse_options(
+    estimator = build_estimator(job.estimator.name, typed_options(
         estimator_class(job.estimator.name).Options, job.estimator.options,
         f"estimator {job.estimator.name!r}"))
     with serve_corpus(job.rollout.corpus) as corpus:

@@ -23,22 +23,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import dataclasses
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
-from omegaconf import OmegaConf
-from omegaconf.errors import (
-    ConfigAttributeError,
-    ConfigKeyError,
-    OmegaConfBaseException,
-)
-
+from envs.plugins import PluginError, Registry, typed_options
 from envs.tasks import Task
-from envs.tools.base import JsonValue
 from rollout.trajectory import Trajectory, Turn
 
 ENTRY_POINT_GROUP = "turnstile.rewards"
@@ -47,7 +37,7 @@ TRAJECTORY_FIELDS = frozenset({"outcome", "metadata"})
 TURN_FIELDS = frozenset({"ig_value", "ig", "reward", "step_score", "events"})
 
 
-class RewardError(ValueError):
+class RewardError(PluginError):
     """A reward plugin cannot be found, configured or run; the message says what to change."""
 
 
@@ -86,7 +76,9 @@ class RewardPlugin(abc.ABC):
 
 
 PluginClass = type[RewardPlugin]
-_REGISTERED: dict[str, PluginClass] = {}
+REWARDS: Registry[PluginClass] = Registry(
+    "reward kind", ENTRY_POINT_GROUP, error=RewardError, expected="a RewardPlugin class",
+    accepts=lambda found: isinstance(found, type) and issubclass(found, RewardPlugin))
 
 
 @dataclass
@@ -100,77 +92,23 @@ class RewardSpec:
 
 def register_reward(name: str) -> Callable[[PluginClass], PluginClass]:
     """Register a plugin class under ``name`` in this process (entry points do it for packages)."""
-
-    def register(cls: PluginClass) -> PluginClass:
-        known = _REGISTERED.get(name)
-        if known is not None and known is not cls:
-            raise RewardError(f"reward plugin {name!r} is already registered by "
-                              f"{known.__module__}.{known.__qualname__}; choose another name")
-        _REGISTERED[name] = cls
-        return cls
-
-    return register
+    return REWARDS.register(name)
 
 
 def reward_names() -> list[str]:
     """Every plugin name known here: entry points of the installed packages and in-process ones."""
-    return sorted({entry.name for entry in entry_points(group=ENTRY_POINT_GROUP)} | set(_REGISTERED))
+    return REWARDS.names()
 
 
 def resolve_reward(kind: str) -> PluginClass:
     """The plugin class ``kind`` names (registered name or ``package.module:Class``)."""
-    if ":" in kind:
-        module_name, _, attribute = kind.partition(":")
-        try:
-            found = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as error:
-            raise RewardError(f"reward kind {kind!r}: cannot load {attribute!r} from "
-                              f"{module_name!r} ({error})") from None
-        return _checked(kind, found)
-    if kind in _REGISTERED:
-        return _REGISTERED[kind]
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name == kind:
-            return _checked(kind, entry.load())
-    raise RewardError(f"reward kind {kind!r} is not known; use one of {', '.join(reward_names())} "
-                      "or 'package.module:Class' (a plugin just declared in pyproject.toml needs "
-                      "pip install -e .)")
-
-
-def _checked(kind: str, found: object) -> PluginClass:
-    if not (isinstance(found, type) and issubclass(found, RewardPlugin)):
-        raise RewardError(f"reward kind {kind!r} names {found!r}, which is not a RewardPlugin class")
-    return found
-
-
-ConfigT = TypeVar("ConfigT")
-
-
-def parse_options(config_type: type[ConfigT], options: dict[str, JsonValue], where: str) -> ConfigT:
-    """``options`` merged over the defaults of ``config_type``; an unknown or ill-typed option is a
-    :class:`RewardError` naming it (``where`` says which plugin, for the message)."""
-    if not dataclasses.is_dataclass(config_type):
-        raise RewardError(f"{where}: config_type {config_type!r} must be a dataclass")
-    base = OmegaConf.structured(config_type)
-    try:
-        merged = OmegaConf.merge(base, OmegaConf.create(dict(options)))
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
-    except (ConfigKeyError, ConfigAttributeError) as error:
-        key = getattr(error, "full_key", None) or getattr(error, "key", None) or "?"
-        known = ", ".join(f.name for f in dataclasses.fields(config_type)) or "none"
-        raise RewardError(f"{where}: unknown option '{key}'; the options are: {known}") from None
-    except OmegaConfBaseException as error:
-        key = getattr(error, "full_key", None) or "?"
-        reason = str(getattr(error, "msg", error)).splitlines()[0]
-        raise RewardError(f"{where}: bad value for option '{key}': {reason}") from None
-    except (ValueError, TypeError) as error:  # the dataclass's own checks (__post_init__)
-        raise RewardError(f"{where}: {error}") from None
+    return REWARDS.load(kind)
 
 
 def build_reward(spec: RewardSpec) -> RewardPlugin:
     """Build the plugin ``spec`` describes, in this process."""
     cls = resolve_reward(spec.kind)
-    config = parse_options(cls.config_type, spec.options, f"reward {spec.kind!r}")
+    config = typed_options(cls.config_type, spec.options, f"reward {spec.kind!r}", error=RewardError)
     unknown = sorted(name for name in cls.writes if not _is_reward_field(name))
     if unknown:
         raise RewardError(f"reward {spec.kind!r} declares writes {unknown}; plugins may write only "

@@ -15,7 +15,7 @@ not leave room for a full turn, it asks :meth:`ContextManager.on_overflow` for a
   capped), with the last action and its observation so that the call is not wasted.
 
 Managers are chosen by name (``context.kind``) from :data:`CONTEXT_MANAGERS`; a new one registers
-with :func:`register_context_manager`. An instance holds one episode's state: build one per episode
+with :func:`register_context_manager`, or is named by import path (``context.kind=mypkg.ctx:Mine``). An instance holds one episode's state: build one per episode
 with :func:`build_context_manager`, like an environment.
 """
 
@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
+from envs.plugins import Registry
 from envs.protocol import REPORT_CLOSE, REPORT_OPEN, THINK_CLOSE, ParsedTurn
 from rollout.chat import ChatFormat, Message
 
@@ -37,7 +38,7 @@ NOTES_HEADER = "Earlier context was discarded to free space. Notes carried over 
 class ContextConfig:
     """Which context manager, and the discard_all limits."""
 
-    kind: str = "mono"  # a name in CONTEXT_MANAGERS: mono | iter_research | discard_all
+    kind: str = "mono"  # mono | iter_research | discard_all, or package.module:Class
     max_resets: int = 3  # discard_all: the k of "at most k resets" (k+1 segments at most)
     summary_max_chars: int = 2000  # discard_all: cap on the carried summary
 
@@ -148,26 +149,23 @@ def action_text(response: str) -> str:
     return response.strip()
 
 
-CONTEXT_MANAGERS: dict[str, type[ContextManager]] = {}
+CONTEXT_MANAGERS: Registry[type[ContextManager]] = Registry(
+    "context.kind", "turnstile.context_managers", error=ValueError, expected="a ContextManager class",
+    accepts=lambda found: isinstance(found, type) and issubclass(found, ContextManager))
 _Manager = TypeVar("_Manager", bound=type[ContextManager])
 
 
 def register_context_manager(name: str) -> Callable[[_Manager], _Manager]:
     def register(cls: _Manager) -> _Manager:
-        if name in CONTEXT_MANAGERS:
-            raise ValueError(f"context manager {name!r} is registered twice")
         cls.name = name
-        CONTEXT_MANAGERS[name] = cls
+        CONTEXT_MANAGERS.add(name, cls)
         return cls
     return register
 
 
 def context_manager_class(kind: str) -> type[ContextManager]:
-    try:
-        return CONTEXT_MANAGERS[kind]
-    except KeyError:
-        raise ValueError(f"context.kind={kind!r} is not known; use one of "
-                         f"{', '.join(sorted(CONTEXT_MANAGERS))}") from None
+    """The manager ``kind`` names: registered (mono, iter_research, discard_all) or ``package.module:Class``."""
+    return CONTEXT_MANAGERS.load(kind)
 
 
 def build_context_manager(config: ContextConfig) -> ContextManager:

@@ -126,7 +126,7 @@ def exchange(chat: ChatFormat, text: str, observation: str, report: bool = False
 # ---- the managers on their own -------------------------------------------------------------------
 
 def test_registry_names_the_three_managers_and_refuses_others() -> None:
-    assert {"mono", "iter_research", "discard_all"} <= set(CONTEXT_MANAGERS)
+    assert {"mono", "iter_research", "discard_all"} <= set(CONTEXT_MANAGERS.names())
     with pytest.raises(ValueError, match="mono"):
         build_context_manager(ContextConfig(kind="nope"))
     with pytest.raises(ValueError, match="max_resets"):
@@ -230,7 +230,7 @@ async def test_segments_round_trip_through_jsonl(chat: ChatFormat, tmp_path: Pat
     assert loaded.stop_reason is trajectory.stop_reason
 
 
-@pytest.mark.parametrize("kind", sorted(CONTEXT_MANAGERS))
+@pytest.mark.parametrize("kind", CONTEXT_MANAGERS.names())
 async def test_every_registered_manager_keeps_the_contract(chat: ChatFormat, kind: str) -> None:
     """Any registered manager: a long episode within budget, the invariant on every segment."""
     trajectory = await run(chat, ContextConfig(kind=kind), budget=6000, max_turns=40)

@@ -48,7 +48,7 @@ GROUP = st.lists(trajectory_objects(), min_size=1, max_size=6)
 
 
 def estimators() -> list[Estimator]:
-    built = [build_estimator(name) for name in sorted(ESTIMATORS)]
+    built = [build_estimator(name) for name in ESTIMATORS.names()]
     built += [build_estimator("igpo", IgpoOptions(norm=norm)) for norm in (Norm.joint, Norm.separate)]
     built += [build_estimator("igpo", IgpoOptions(ig_tools=[], ig_type=IgType.prob_diff))]
     return built

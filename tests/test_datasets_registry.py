@@ -26,7 +26,7 @@ def tasks_file(tmp_path: Path) -> Path:
 @pytest.fixture()
 def scoped_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registrations made in a test disappear after it."""
-    monkeypatch.setattr(registry, "_LOADERS", dict(registry._LOADERS))
+    monkeypatch.setattr(registry.DATASETS, "_registered", dict(registry.DATASETS._registered))
 
 
 def load_fixed(cfg: DatasetConfig) -> list[Task]:
@@ -39,7 +39,7 @@ def test_builtin_kinds_are_registered() -> None:
 
 
 def test_unknown_kind_lists_known_kinds() -> None:
-    with pytest.raises(DatasetError, match=r"unknown dataset kind 'nope'; known kinds: .*hotpotqa.*jsonl"):
+    with pytest.raises(DatasetError, match=r"unknown dataset kind 'nope'; known: .*hotpotqa.*jsonl.*package.module:Name"):
         load_tasks(DatasetConfig(kind="nope", path="x"))
 
 

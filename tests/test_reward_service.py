@@ -408,7 +408,7 @@ def test_bad_settings_are_refused_with_their_name() -> None:
     config = StoreConfig(kind="redis", url="redis://127.0.0.1:1/0")
     with pytest.raises(RewardError, match="unknown option 'gama'"):
         RewardService(config, [RewardSpec("exact_match", {"gama": 1})])
-    with pytest.raises(RewardError, match="'no_such_reward' is not known"):
+    with pytest.raises(RewardError, match="unknown reward kind 'no_such_reward'"):
         RewardService(config, [RewardSpec("no_such_reward")])
     with pytest.raises(ValueError, match="at least one reward plugin"):
         RewardService(config, [])

@@ -38,8 +38,9 @@ HELP = "Compute per-turn advantages for a JSONL file of scored trajectories with
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--estimator", required=True, choices=sorted(ESTIMATORS),
-                        help="credit-assignment estimator")
+    parser.add_argument("--estimator", required=True, metavar="NAME",
+                        help=f"credit-assignment estimator: {', '.join(ESTIMATORS.names())}, or "
+                             "package.module:Class")
     parser.add_argument("--in", dest="input", metavar="FILE.jsonl", required=True,
                         help="turn records: one trajectory per line")
     parser.add_argument("--out", metavar="FILE.jsonl", required=True,
@@ -76,7 +77,10 @@ def run(args: argparse.Namespace) -> int:
 
 def configured_estimator(name: str, options: Sequence[str]) -> Estimator:
     """Estimator ``name`` built from ``key=value`` options; ConfigError names a bad key or value."""
-    known = option_names(name)
+    try:
+        known = option_names(name)
+    except KeyError as error:  # an unknown name, or an import path that does not load
+        raise ConfigError(str(error.args[0])) from None
     for item in options:
         key = item.split("=", 1)[0]
         if "=" in item and key not in known:

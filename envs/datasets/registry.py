@@ -16,22 +16,20 @@ After loading, :func:`load_tasks` applies the options every kind shares, in this
 from __future__ import annotations
 
 import hashlib
-import importlib
 import random
 from collections.abc import Callable
 from typing import Any
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 
 from envs.datasets.benchmarks import load_browsecomp_zh, load_webshaper, load_webwalkerqa, load_xbench
 from envs.datasets.generic import DatasetError, load_jsonl, load_parquet
 from envs.datasets.hotpotqa import read_hotpotqa
+from envs.plugins import Registry
 from envs.tasks import Task
 
 SPLITS = ("all", "train", "eval")
 
 Loader = Callable[["DatasetConfig"], list[Task]]
-_LOADERS: dict[str, Loader] = {}
 
 
 @dataclass
@@ -71,54 +69,24 @@ class DatasetConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+ENTRY_POINT_GROUP = "turnstile.datasets"
+DATASETS: Registry[Loader] = Registry("dataset kind", ENTRY_POINT_GROUP, error=DatasetError,
+                                     expected="a loader function")
+
+
 def register_dataset(name: str) -> Callable[[Loader], Loader]:
     """Register ``loader`` as the dataset kind ``name``; registering a name twice is an error."""
-
-    def decorate(loader: Loader) -> Loader:
-        if name in _LOADERS and _LOADERS[name] is not loader:
-            raise ValueError(f"dataset kind {name!r} is already registered by {_LOADERS[name].__module__}")
-        _LOADERS[name] = loader
-        return loader
-
-    return decorate
-
-
-ENTRY_POINT_GROUP = "turnstile.datasets"
-
-
-def _load_entry_points() -> None:
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name not in _LOADERS:
-            register_dataset(entry.name)(entry.load())
+    return DATASETS.register(name)
 
 
 def known_kinds() -> list[str]:
     """The dataset kinds: registered here, by import, or through entry points; sorted."""
-    _load_entry_points()
-    return sorted(_LOADERS)
+    return DATASETS.names()
 
 
 def resolve_loader(kind: str) -> Loader:
     """The loader for ``kind``: a registered name or ``package.module:function``."""
-    if kind not in _LOADERS and ":" not in kind:
-        _load_entry_points()
-    if kind in _LOADERS:
-        return _LOADERS[kind]
-    if ":" in kind:
-        module_name, _, attribute = kind.partition(":")
-        try:
-            loader = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as exc:
-            raise DatasetError(
-                f"dataset kind {kind!r}: cannot load {attribute!r} from {module_name!r} ({exc})"
-            ) from None
-        if not callable(loader):
-            raise DatasetError(f"dataset kind {kind!r} does not name a function")
-        return loader
-    raise DatasetError(
-        f"unknown dataset kind {kind!r}; known kinds: {', '.join(known_kinds())}. A loader defined "
-        "elsewhere must be imported first, or named as 'package.module:function'"
-    )
+    return DATASETS.load(kind)
 
 
 def load_tasks(cfg: DatasetConfig) -> list[Task]:

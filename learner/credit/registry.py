@@ -2,7 +2,9 @@
 
 Code that runs credit assignment (the learner, ``turnstile credit``) names an estimator in config
 and looks it up here; it never lists the estimators itself. A new estimator is a subclass of
-:class:`Estimator` decorated with :func:`register`, in a module that ``learner.credit`` imports.
+:class:`Estimator`: decorated with :func:`register` in a module that ``learner.credit`` imports,
+declared under the entry-point group ``turnstile.estimators``, or named as ``package.module:Class``
+(``estimator.name=mypkg.credit:Mine``, ``turnstile credit --estimator mypkg.credit:Mine``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import ClassVar, TypeVar
 
+from envs.plugins import Registry
 from learner.credit.records import Group, GroupCredit
 
 
@@ -48,25 +51,21 @@ class Estimator(ABC):
 
 
 E = TypeVar("E", bound=type[Estimator])
-
-ESTIMATORS: dict[str, type[Estimator]] = {}
+ESTIMATORS: Registry[type[Estimator]] = Registry(
+    "estimator", "turnstile.estimators", error=KeyError, expected="an Estimator class",
+    accepts=lambda found: isinstance(found, type) and issubclass(found, Estimator))
 
 
 def register(cls: E) -> E:
     """Class decorator: make ``cls`` available under ``cls.name``."""
-    if cls.name in ESTIMATORS:
-        raise ValueError(f"estimator name {cls.name!r} is registered twice "
-                         f"({ESTIMATORS[cls.name].__qualname__} and {cls.__qualname__}); rename one")
-    ESTIMATORS[cls.name] = cls
+    ESTIMATORS.add(cls.name, cls)
     return cls
 
 
 def estimator_class(name: str) -> type[Estimator]:
-    """The estimator registered as ``name``; an error listing the known names otherwise."""
-    try:
-        return ESTIMATORS[name]
-    except KeyError:
-        raise KeyError(f"unknown estimator {name!r}; known: {', '.join(sorted(ESTIMATORS))}") from None
+    """The estimator ``name`` (registered, or ``package.module:Class``); a KeyError listing the
+    known names otherwise."""
+    return ESTIMATORS.load(name)
 
 
 def option_names(name: str) -> list[str]:

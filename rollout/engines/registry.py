@@ -9,11 +9,10 @@ class builds itself with ``Class.from_config(config)``; imports happen only when
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
-from importlib.metadata import entry_points
 from typing import Protocol
 
+from envs.plugins import Registry
 from rollout.engines.base import PolicyEngine
 from rollout.engines.config import EngineConfig
 
@@ -29,23 +28,17 @@ class EngineClass(Protocol):
     def from_config(cls, config: EngineConfig) -> PolicyEngine: ...
 
 
+ENGINES: Registry[EngineClass] = Registry(
+    "engine.kind", ENTRY_POINT_GROUP, expected="an engine class (with from_config)",
+    accepts=lambda found: callable(getattr(found, "from_config", None)))
+
+
 def engine_names() -> list[str]:
-    return sorted(entry.name for entry in entry_points(group=ENTRY_POINT_GROUP))
+    return ENGINES.names()
 
 
 def resolve_engine(kind: str) -> EngineClass:
-    if ":" in kind:
-        module_name, _, attribute = kind.partition(":")
-        try:
-            return getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as error:
-            raise ValueError(f"engine.kind={kind!r}: cannot load {attribute!r} from {module_name!r} "
-                             f"({error})") from None
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name == kind:
-            return entry.load()
-    raise ValueError(f"engine.kind={kind!r} is not known; use one of {', '.join(engine_names())} or "
-                     "'package.module:Class' (if you just added an engine, reinstall: pip install -e .)")
+    return ENGINES.load(kind)
 
 
 def check_engine_tasks(config: EngineConfig, questions: Sequence[str]) -> None:
