@@ -94,25 +94,44 @@ def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> Rollout
     model = resolve_model(cfg.engine.model)  # build the default model once, before the actors
     cfg = replace(cfg, engine=expert_engine(cfg.engine, cfg.data))
     with serve_corpus(cfg.corpus) as corpus:
-        tasks = load_tasks(replace(cfg.data, url_prefix=cfg.data.url_prefix or corpus.base_url + PAGE_PREFIX))
-        if not tasks:
-            raise ValueError(f"the dataset {cfg.data.kind!r} gave no tasks: check data.path/limit")
-        check_servable(tasks, corpus, cfg.engine)
-        engines = start_engines(replace(cfg.engine, model=model), cfg.fleet.engine_replicas,
-                                cfg.fleet.engine_cpus, cfg.fleet.engine_gpus)
-        router = EngineRouter(engines)
-        spec = WorkerSpec(tools=cfg.tools, episode=cfg.episode, context=cfg.context, corpus=corpus,
-                          model=model, policy_name=f"{cfg.engine.kind}:{Path(model).name}")
-        workers = start_workers(spec, router, cfg.fleet.workers, cfg.fleet.episodes_per_worker,
-                                cfg.fleet.worker_cpus, cfg.fleet.worker_restarts,
-                                name_prefix=f"turnstile-{uuid.uuid4().hex[:8]}-")
-        episodes = [(task, f"{task.id}", sample) for task in tasks for sample in range(cfg.group_size)]
-        try:
+        (tasks,) = servable_tasks([cfg.data], corpus, cfg.engine)
+        with fleet(cfg.engine, cfg.fleet, WorkerSpec(tools=cfg.tools, episode=cfg.episode, context=cfg.context,
+                                                     corpus=corpus, model=model),
+                   name=f"turnstile-{uuid.uuid4().hex[:8]}") as (_, workers):
+            episodes = [(task, f"{task.id}", sample) for task in tasks for sample in range(cfg.group_size)]
             trajectories, failed, rerun = collect(workers, episodes, cfg.fleet, out, progress)
-        finally:
-            for actor in [*workers, *engines]:
-                ray.kill(actor)
     return summarize(trajectories, time.monotonic() - started, failed, rerun)
+
+
+def servable_tasks(datasets: list[DatasetConfig], corpus: CorpusConfig, engine: EngineConfig) -> list[list[Task]]:
+    """The tasks of each dataset (pages on the served corpus), checked together before any actor
+    starts (:func:`check_servable`); the first dataset must give some."""
+    prefix = corpus.base_url + PAGE_PREFIX
+    loaded = [load_tasks(replace(data, url_prefix=data.url_prefix or prefix)) for data in datasets]
+    if not loaded[0]:
+        raise ValueError(f"the dataset {datasets[0].kind!r} gave no tasks: check its kind, path and limit")
+    check_servable([task for tasks in loaded for task in tasks], corpus, engine)
+    return loaded
+
+
+@contextlib.contextmanager
+def fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec,
+          name: str) -> Iterator[tuple[EngineRouter, list[ray.actor.ActorHandle]]]:
+    """The rollout fleet of rollout and training alike: ``engine_replicas`` engine actors behind a
+    router, ``workers`` rollout workers (named ``<name>-engine-<i>``, ``<name>-worker-<i>``);
+    killed on exit. ``spec.model`` is the resolved model directory."""
+    engines = start_engines(replace(engine, model=spec.model), config.engine_replicas, config.engine_cpus,
+                            config.engine_gpus, name_prefix=f"{name}-")
+    workers: list[ray.actor.ActorHandle] = []
+    try:
+        router = EngineRouter(engines)
+        spec = replace(spec, policy_name=spec.policy_name or f"{engine.kind}:{Path(spec.model).name}")
+        workers = start_workers(spec, router, config.workers, config.episodes_per_worker, config.worker_cpus,
+                                config.worker_restarts, name_prefix=f"{name}-")
+        yield router, workers
+    finally:
+        for actor in [*workers, *engines]:
+            ray.kill(actor)
 
 
 def init_ray(cfg: RayConfig) -> None:

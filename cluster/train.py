@@ -36,32 +36,32 @@ from cluster.metrics import (
 from cluster.rollout import (
     RayConfig,
     RolloutConfig,
-    check_servable,
     collect,
     expert_engine,
+    fleet,
     init_ray,
     serve_corpus,
+    servable_tasks,
 )
 from cluster.score import EstimatorEntry, find_tasks, run_plugins
 from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
-from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.plugins import typed_options
 from envs.tasks import Task
 from learner.credit import build_estimator, estimator_class
-from learner.credit.registry import Estimator
 from learner.credit.assign import assign_credit
+from learner.credit.registry import Estimator
 from learner.publish import WeightsArchive, publish
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rewards.base import RewardError, RewardSpec, build_reward, resolve_reward
 from rewards.service import RewardServiceConfig
-from rollout.fleet import EngineRouter, start_engines
+from rollout.fleet import EngineRouter
 from rollout.model_store import WARM_MODEL, resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
 from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
-from rollout.workers import WorkerSpec, start_workers
+from rollout.workers import WorkerSpec
 
 MODES = ("sync", "async")
 IG_REWARD = "information_gain"
@@ -207,47 +207,33 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
         estimator_class(job.estimator.name).Options, job.estimator.options,
         f"estimator {job.estimator.name!r}"))
     with serve_corpus(job.rollout.corpus) as corpus:
-        prefix = corpus.base_url + PAGE_PREFIX
-        tasks = load_tasks(replace(job.rollout.data, url_prefix=job.rollout.data.url_prefix or prefix))
-        if not tasks:
-            raise TrainError("rollout.data gave no tasks: check rollout.data.kind/path/limit")
-        eval_tasks = load_tasks(replace(job.eval_data, url_prefix=job.eval_data.url_prefix or prefix))
-        check_servable([*tasks, *eval_tasks], corpus, job.rollout.engine)
+        tasks, eval_tasks = servable_tasks([job.rollout.data, job.eval_data], corpus, job.rollout.engine)
         name = job.name or f"turnstile-{uuid.uuid4().hex[:8]}"
-        engines = start_engines(replace(job.rollout.engine, model=model), job.rollout.fleet.engine_replicas,
-                                job.rollout.fleet.engine_cpus, job.rollout.fleet.engine_gpus,
-                                name_prefix=f"{name}-")
-        router = EngineRouter(engines)
         # Each start of the driver gets its own namespace in the store: a resumed run regenerates
         # what came after its last checkpoint, and must not meet the dead driver's half-done items.
         store_config = replace(job.store, namespace=f"{job.store.namespace}.{name}.{uuid.uuid4().hex[:6]}")
         # Built here, in the driver: a memory store's actor must outlive the workers it serves.
-        store = build_store(store_config)
         spec = WorkerSpec(tools=job.rollout.tools, episode=job.rollout.episode, context=job.rollout.context,
-                          corpus=corpus, model=model, policy_name=f"{job.rollout.engine.kind}:{Path(model).name}",
-                          store=store, checkpoint_every=job.rollout.fleet.checkpoint_every)
-        workers = start_workers(spec, router, job.rollout.fleet.workers,
-                                job.rollout.fleet.episodes_per_worker, job.rollout.fleet.worker_cpus,
-                                job.rollout.fleet.worker_restarts, name_prefix=f"{name}-")
-        sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
-                                   or str(out / "tensorboard")), run_name=out.name)
-        run = Run(job, out, Learner(replace(job.learner, model=model)), router, workers, tasks, eval_tasks,
-                  estimator, sink, progress, name=name, store_config=store_config)
-        if any(entry.kind == IG_REWARD for entry in job.rewards):  # IG scores with the generating version
-            run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
-        try:
-            run.learner.start()
-            run.resume_if_asked()
-            run.evaluate_before()
-            if job.mode == "sync":
-                run.sync_loop()
-            else:
-                asyncio.run(async_loop(run))
-        finally:
-            sink.close()
-            run.learner.close()
-            for actor in [*workers, *engines]:
-                ray.kill(actor)
+                          corpus=corpus, model=model, store=build_store(store_config),
+                          checkpoint_every=job.rollout.fleet.checkpoint_every)
+        with fleet(job.rollout.engine, job.rollout.fleet, spec, name) as (router, workers):
+            sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
+                                       or str(out / "tensorboard")), run_name=out.name)
+            run = Run(job, out, Learner(replace(job.learner, model=model)), router, workers, tasks, eval_tasks,
+                      estimator, sink, progress, name=name, store_config=store_config)
+            if any(entry.kind == IG_REWARD for entry in job.rewards):  # IG scores with the generating version
+                run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
+            try:
+                run.learner.start()
+                run.resume_if_asked()
+                run.evaluate_before()
+                if job.mode == "sync":
+                    run.sync_loop()
+                else:
+                    asyncio.run(async_loop(run))
+            finally:
+                sink.close()
+                run.learner.close()
     return run.state
 
 
