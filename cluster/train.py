@@ -46,7 +46,7 @@ from cluster.rollout import (
 from cluster.score import EstimatorEntry, find_tasks, run_plugins
 from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
-from envs.datasets.registry import DatasetConfig, load_tasks
+from envs.datasets.registry import DatasetConfig
 from envs.plugins import typed_options
 from envs.tasks import Task
 from learner.credit import build_estimator, estimator_class
