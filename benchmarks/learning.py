@@ -51,6 +51,10 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "grpo_hard": ("GRPO on the hard split (2 hops)", [HARD, HARD_EVAL]),
     "igpo_hard": ("IGPO on the hard split (2 hops)", [HARD, HARD_EVAL, IG, "estimator.name=igpo"]),
 }
+# Not run unless asked for (--arms): the warm start never writes the <report> an iter_research turn
+# must carry, so every turn is malformed (measured: 0.0% format and accuracy at step 0, 110
+# episodes) and no estimator has a signal. It needs a warm start fine-tuned on iter_research turns.
+NEEDS_ITER_RESEARCH_WARM_START = ("iter_research_gspo",)
 
 
 def finished(out: Path) -> bool:
@@ -196,7 +200,9 @@ def plot(results: dict[str, dict[str, object]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}")
+    parser.add_argument("--arms", default=",".join(a for a in ARMS if a not in NEEDS_ITER_RESEARCH_WARM_START),
+                        help=f"comma-separated, of: {', '.join(ARMS)} (default: all but "
+                             f"{', '.join(NEEDS_ITER_RESEARCH_WARM_START)})")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", default="runs/learning")
     parser.add_argument("--doc", default="", help="also rewrite this Markdown table and its PNG")
