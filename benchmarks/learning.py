@@ -223,10 +223,11 @@ def main() -> None:
         except ImportError:
             parser.error("--doc draws the curves with matplotlib: .venv/bin/pip install matplotlib")
     if not args.report_only:
+        recorded = load_record(record)  # runs finished since are caught by finished(out)
         for seed in range(args.seeds):  # seed-major: every arm gets its first seed before any its third
             for arm in arms:
                 out = root / arm / f"seed{seed}"
-                if finished(out) or seed in load_record(record).get(arm, {}):
+                if finished(out) or seed in recorded.get(arm, {}):
                     continue
                 print(f"{arm} seed {seed}: training in {out}", flush=True)
                 try:

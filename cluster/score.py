@@ -16,8 +16,7 @@ from typing import Any
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.tasks import Task
-from envs.plugins import typed_options
-from learner.credit import build_estimator, estimator_class
+from learner.credit import estimator_from_options
 from learner.credit.registry import CreditResult
 from learner.credit.assign import assign_credit
 from rewards.base import RewardPlugin, RewardSpec, build_reward
@@ -56,9 +55,7 @@ async def score_saved(cfg: ScoreConfig, source: Path, out: Path) -> ScoreReport:
     trajectories = load_trajectories(source)
     if not trajectories:
         raise ValueError(f"{source} holds no trajectories")
-    estimator = build_estimator(cfg.estimator.name, typed_options(
-        estimator_class(cfg.estimator.name).Options, cfg.estimator.options,
-        f"estimator {cfg.estimator.name!r}"))
+    estimator = estimator_from_options(cfg.estimator.name, cfg.estimator.options)
     plugins = [build_reward(spec) for spec in cfg.rewards]
     tasks = find_tasks(cfg.data, trajectories)
     await run_plugins(plugins, trajectories, tasks)

@@ -47,15 +47,14 @@ from cluster.score import EstimatorEntry, find_tasks, run_plugins
 from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
 from envs.datasets.registry import DatasetConfig
-from envs.plugins import typed_options
 from envs.tasks import Task
-from learner.credit import build_estimator, estimator_class
+from learner.credit import estimator_class, estimator_from_options
 from learner.credit.assign import assign_credit
 from learner.credit.registry import Estimator
 from learner.publish import WeightsArchive, publish
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
-from rewards.base import RewardError, RewardSpec, build_reward, resolve_reward
+from rewards.base import RewardSpec, build_reward, reward_options
 from rewards.service import RewardServiceConfig
 from rollout.fleet import EngineRouter
 from rollout.model_store import WARM_MODEL, resolve_model
@@ -141,13 +140,12 @@ def check(job: TrainJob) -> None:
     """What the config's own types cannot check (the plugins' options, the store's server), before
     anything starts."""
     try:
-        estimator = estimator_class(job.estimator.name)
+        estimator_class(job.estimator.name)
     except KeyError as error:
         raise TrainError(f"estimator.name: {error.args[0]}") from None
-    typed_options(estimator.Options, job.estimator.options, f"estimator {job.estimator.name!r}")
-    for entry in job.rewards:
-        typed_options(resolve_reward(entry.kind).config_type, entry.options, f"reward {entry.kind!r}",
-                      error=RewardError)
+    estimator_from_options(job.estimator.name, job.estimator.options)
+    for spec in job.rewards:
+        reward_options(spec)
     check_durability(job.store)  # a Redis that would lose acknowledged items (StoreError)
 
 
@@ -203,9 +201,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
     init_ray(job.rollout.ray)
     model = resolve_model(job.rollout.engine.model or job.learner.model)
     job = replace(job, rollout=replace(job.rollout, engine=expert_engine(job.rollout.engine, job.rollout.data)))
-    estimator = build_estimator(job.estimator.name, typed_options(
-        estimator_class(job.estimator.name).Options, job.estimator.options,
-        f"estimator {job.estimator.name!r}"))
+    estimator = estimator_from_options(job.estimator.name, job.estimator.options)
     with serve_corpus(job.rollout.corpus) as corpus:
         tasks, eval_tasks = servable_tasks([job.rollout.data, job.eval_data], corpus, job.rollout.engine)
         name = job.name or f"turnstile-{uuid.uuid4().hex[:8]}"

@@ -105,10 +105,17 @@ def resolve_reward(kind: str) -> PluginClass:
     return REWARDS.load(kind)
 
 
+def reward_options(spec: RewardSpec) -> object:
+    """The plugin's typed options from ``spec`` (a RewardError names an unknown or bad one); a driver
+    calls it to refuse a config before anything starts."""
+    return typed_options(resolve_reward(spec.kind).config_type, spec.options, f"reward {spec.kind!r}",
+                         error=RewardError)
+
+
 def build_reward(spec: RewardSpec) -> RewardPlugin:
     """Build the plugin ``spec`` describes, in this process."""
     cls = resolve_reward(spec.kind)
-    config = typed_options(cls.config_type, spec.options, f"reward {spec.kind!r}", error=RewardError)
+    config = reward_options(spec)
     unknown = sorted(name for name in cls.writes if not _is_reward_field(name))
     if unknown:
         raise RewardError(f"reward {spec.kind!r} declares writes {unknown}; plugins may write only "

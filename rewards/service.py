@@ -52,8 +52,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from envs.tasks import Task
-from envs.plugins import typed_options
-from rewards.base import RewardError, RewardSpec, build_reward, resolve_reward
+from rewards.base import RewardSpec, build_reward, reward_options
 from rollout.store import (
     FINISHED,
     SCORED,
@@ -417,8 +416,7 @@ class RewardService:
         if not rewards:
             raise ValueError("reward: configure at least one reward plugin")
         for spec in rewards:  # fail here, with the plugin's message, not inside an actor
-            typed_options(resolve_reward(spec.kind).config_type, spec.options, f"reward {spec.kind!r}",
-                          error=RewardError)
+            reward_options(spec)
         self.config = config if config is not None else RewardServiceConfig()
         self._store_config = store
         self._rewards = list(rewards)

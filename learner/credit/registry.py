@@ -10,11 +10,11 @@ declared under the entry-point group ``turnstile.estimators``, or named as ``pac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from envs.plugins import Registry
+from envs.plugins import Registry, typed_options
 from learner.credit.records import Group, GroupCredit
 
 
@@ -81,3 +81,9 @@ def build_estimator(name: str, options: object | None = None) -> Estimator:
     if not isinstance(options, cls.Options):
         raise TypeError(f"estimator {name!r} takes {cls.Options.__name__}, got {type(options).__name__}")
     return cls(options)  # type: ignore[call-arg]  # each subclass's __init__ takes its Options
+
+
+def estimator_from_options(name: str, options: Mapping[str, Any]) -> Estimator:
+    """Estimator ``name`` with its options read from a config mapping (:func:`typed_options`: an
+    unknown or ill-typed option is refused by name)."""
+    return build_estimator(name, typed_options(estimator_class(name).Options, options, f"estimator {name!r}"))
