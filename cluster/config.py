@@ -33,7 +33,12 @@ class ConfigError(ValueError):
 
 def load_config(schema: type[T], path: str | Path | None = None,
                 overrides: Sequence[str] = ()) -> T:
-    """Build ``schema`` from its defaults, then the YAML at ``path``, then ``key=value`` overrides."""
+    """Build ``schema`` from its defaults, then the YAML at ``path``, then ``key=value`` overrides.
+
+    A plugin's ``options`` belong to its kind: where the file and overrides choose another ``kind``
+    (or estimator ``name``) than the schema's default, that section starts from no options instead
+    of the default kind's (``data.kind=arithmetic`` does not inherit the synthetic ``min_hops``);
+    options the file or overrides give are kept."""
     base = OmegaConf.structured(schema)
     layers = []
     if path is not None:
@@ -55,6 +60,8 @@ def load_config(schema: type[T], path: str | Path | None = None,
                               f"quote the whole override when the value holds spaces") from None
         _refuse_glued_colons(layer, item)
         layers.append((f"override {item!r}", layer))
+    if layers:
+        _options_follow_kind(base, OmegaConf.merge(*(layer for _, layer in layers)))
     merged = base
     for source, layer in layers:
         try:
@@ -68,6 +75,19 @@ def load_config(schema: type[T], path: str | Path | None = None,
             reason = str(error.msg).strip().splitlines()[0]
             raise ConfigError(f"{source}: bad value for '{key}': {reason}") from None
     return _to_object(merged)
+
+
+def _options_follow_kind(merged: DictConfig, layer: object) -> None:
+    """Clear ``merged``'s options wherever ``layer`` names another kind than it (see :func:`load_config`)."""
+    if not isinstance(layer, DictConfig) or not isinstance(merged, DictConfig):
+        return
+    for selector in ("kind", "name"):
+        if selector in layer and "options" in merged and selector in merged \
+                and layer[selector] != merged[selector]:
+            merged.options = {}
+    for key in layer:
+        if key in merged and isinstance(merged._get_node(key), DictConfig):  # noqa: SLF001
+            _options_follow_kind(merged[key], layer._get_node(key))  # noqa: SLF001
 
 
 def _refuse_glued_colons(node: object, item: str) -> None:

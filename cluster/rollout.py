@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
 from envs.datasets.registry import DatasetConfig, load_tasks
+from envs.env import env_class
 from envs.tasks import Task
 from envs.toolset import ToolsConfig
 from rollout.context import ContextConfig
@@ -119,7 +120,9 @@ def fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec,
           name: str) -> Iterator[tuple[EngineRouter, list[ray.actor.ActorHandle]]]:
     """The rollout fleet of rollout and training alike: ``engine_replicas`` engine actors behind a
     router, ``workers`` rollout workers (named ``<name>-engine-<i>``, ``<name>-worker-<i>``);
-    killed on exit. ``spec.model`` is the resolved model directory."""
+    killed on exit. ``spec.model`` is the resolved model directory. The environment ``spec`` names
+    is loaded here first, so a wrong ``episode.env.kind`` fails before any actor starts."""
+    env_class(spec.episode.env.kind)
     engines = start_engines(replace(engine, model=spec.model), config.engine_replicas, config.engine_cpus,
                             config.engine_gpus, name_prefix=f"{name}-")
     workers: list[ray.actor.ActorHandle] = []

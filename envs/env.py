@@ -1,13 +1,23 @@
-"""The environment contract and the search/browse environment.
+"""The environment contract, how a config chooses an environment, and the search/browse environment.
 
 An :class:`Env` is async and single use: ``reset`` once, ``step`` until ``done``, then ``close``
-(safe to call twice). Builders are cheap, picklable specs; the heavy parts (HTTP pools, browser,
-cache) live in the shared :class:`~envs.tools.toolbox.Toolbox` a worker builds once.
+(safe to call twice). Beside those the episode loop needs three things of every environment:
+``force_final_answer`` (the context budget is about to overflow: make the next turn the last),
+``snapshot``/``restore`` (an episode checkpoint continues elsewhere). That is the whole contract:
+the loop knows no other method, so any class that keeps it runs through ``turnstile rollout`` and
+``turnstile train`` unchanged. ``tests/env_conformance.py`` checks an environment against it.
 
-:class:`SearchBrowseEnv` speaks the agent protocol of docs/algorithms.md §1. Whatever the policy writes
-and whatever the tools do, ``step`` returns an observation: malformed turns get a corrective
-observation, tool failures an error text the agent can read. The last allowed turn gets the
-forced-answer instruction instead of a tool result.
+The config names the environment in ``episode.env.kind`` (:data:`ENVS`: ``search_browse``, the
+default; ``calculator``, a small arithmetic one; or ``package.module:Class``). An environment is
+built per episode as ``Class(task, toolbox, config)``: the toolbox is the worker's shared one
+(search index, HTTP pools, browser, cache), built once; an environment that brings its own tools
+ignores it.
+
+:class:`ProtocolEnv` is the agent protocol of docs/algorithms.md §1 for any set of tools. Whatever
+the policy writes and whatever the tools do, ``step`` returns an observation: malformed turns get a
+corrective observation, tool failures an error text the agent can read. The last allowed turn gets
+the forced-answer instruction instead of a tool result. :class:`SearchBrowseEnv` is that protocol
+over the toolbox's search and visit, with per-episode tool budgets.
 """
 
 from __future__ import annotations
@@ -15,11 +25,15 @@ from __future__ import annotations
 import abc
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
+from envs.plugins import Registry
 from envs.protocol import (
     FINAL_ANSWER_INSTRUCTION,
     MAX_CALL_CHARS,
+    RESEARCH_ROLE,
     ParsedTurn,
     StopReason,
     TurnKind,
@@ -29,6 +43,7 @@ from envs.protocol import (
     system_prompt,
 )
 from envs.tasks import Task
+from envs.tools.base import JsonObject
 from envs.tools.toolbox import Toolbox
 
 Message = dict[str, str]
@@ -36,6 +51,7 @@ Message = dict[str, str]
 
 @dataclass
 class EnvConfig:
+    kind: str = "search_browse"  # a registered environment (ENVS) or package.module:Class
     max_turns: int = 200  # assistant turns, the answer turn included
     tool_budget: int = 0  # tool calls per episode; 0 = max_turns - 1
     per_tool_budget: dict[str, int] = field(default_factory=dict)  # e.g. {"visit": 50}
@@ -85,12 +101,20 @@ class StepResult:
 
 
 class Env(abc.ABC):
-    """Async, single-use episode.
+    """Async, single-use episode; the loop uses nothing else (see the module docstring).
 
     - ``reset()`` returns the first observation as chat messages; call it exactly once.
     - ``step(action)`` takes the assistant's text and returns the next observation; it must not
-      raise on anything the policy writes or any tool failure.
+      raise on anything the policy writes or any tool failure, and must end the episode
+      (``done``) by the ``max_turns``-th step.
+    - ``force_final_answer()`` makes the next step the last and returns the text to show the policy
+      instead of the observation it was about to get.
+    - ``snapshot()`` returns the state (JSON) that ``restore(state)``, called on a fresh
+      environment right after ``reset()``, continues from; ``restore`` raises ValueError on a
+      state it cannot use.
     - ``close()`` releases what the episode holds; safe to call twice.
+
+    A registered environment is built as ``Class(task, toolbox, config)`` (:func:`build_env`).
     """
 
     @abc.abstractmethod
@@ -100,32 +124,78 @@ class Env(abc.ABC):
     async def step(self, action: str) -> StepResult: ...
 
     @abc.abstractmethod
+    def force_final_answer(self) -> str: ...
+
+    @abc.abstractmethod
+    def snapshot(self) -> dict[str, object]: ...
+
+    @abc.abstractmethod
+    def restore(self, state: dict[str, object]) -> None: ...
+
+    @abc.abstractmethod
     async def close(self) -> None: ...
 
 
-class SearchBrowseEnv(Env):
-    def __init__(self, task: Task, toolbox: Toolbox, config: EnvConfig | None = None) -> None:
+ENVS: Registry[type[Env]] = Registry(
+    "env.kind", "turnstile.envs", error=ValueError, expected="an Env class",
+    accepts=lambda found: isinstance(found, type) and issubclass(found, Env))
+_EnvClass = TypeVar("_EnvClass", bound=type[Env])
+
+
+def register_env(name: str) -> Callable[[_EnvClass], _EnvClass]:
+    """Decorator: make the decorated class the environment ``name``."""
+    return ENVS.register(name)
+
+
+def env_class(kind: str) -> type[Env]:
+    """The environment ``kind`` names (registered, an entry point, or ``package.module:Class``)."""
+    return ENVS.load(kind)
+
+
+def build_env(task: Task, toolbox: Toolbox, config: EnvConfig) -> Env:
+    """A fresh environment of ``config.kind`` for one episode of ``task``."""
+    return env_class(config.kind)(task, toolbox, config)
+
+
+class ProtocolEnv(Env):
+    """The agent protocol (docs/algorithms.md §1) over some tools; a subclass says which tools
+    (``tool_schemas``, ``tool_names``) and runs a call (``call_tool``). It may end the tool phase
+    early (``tools_spent``) and add to the checkpoint state (``tool_state``/``restore_tools``)."""
+
+    role = RESEARCH_ROLE  # the first paragraph of the system prompt
+
+    def __init__(self, task: Task, config: EnvConfig) -> None:
         self.task = task
-        self.toolbox = toolbox
-        self.config = config or EnvConfig()
-        unknown = sorted(set(self.config.per_tool_budget) - set(toolbox.names))
-        if unknown:
-            raise ValueError(f"env.per_tool_budget names unknown tools {unknown}; "
-                             f"tools are {toolbox.names}")
+        self.config = config
         self.turn = 0
-        self.tool_calls: Counter[str] = Counter()
         self._started = False
         self._done = False
         self._final_next = False
         self._closed = False
 
-    @property
-    def tool_budget(self) -> int:
-        return self.config.tool_budget or max(self.config.max_turns - 1, 0)
+    @abc.abstractmethod
+    def tool_schemas(self) -> list[JsonObject]: ...
+
+    @abc.abstractmethod
+    def tool_names(self) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def call_tool(self, turn: int, parsed: ParsedTurn) -> tuple[StepInfo, str]:
+        """Run the well-formed tool call ``parsed``; the info and the tool's text (never raises)."""
+
+    def tools_spent(self) -> bool:
+        """True when no tool call is left: the next turn must answer."""
+        return False
+
+    def tool_state(self) -> dict[str, object]:
+        return {}
+
+    def restore_tools(self, state: dict[str, object]) -> None:
+        """Continue from ``tool_state()``'s part of a snapshot (ValueError when unusable)."""
 
     async def reset(self) -> list[Message]:
         if self._started:
-            raise RuntimeError("SearchBrowseEnv is single use: reset() was already called")
+            raise RuntimeError(f"{type(self).__name__} is single use: reset() was already called")
         self._started = True
         question = self.task.question
         if self.config.max_turns == 1:
@@ -133,14 +203,12 @@ class SearchBrowseEnv(Env):
             question = f"{question}\n\n{FINAL_ANSWER_INSTRUCTION}"
         return [
             {"role": "system",
-             "content": system_prompt(self.toolbox.schemas(), self.config.today or None,
-                                      report=self.config.expect_report)},
+             "content": system_prompt(self.tool_schemas(), self.config.today or None,
+                                      report=self.config.expect_report, role=self.role)},
             {"role": "user", "content": question},
         ]
 
     def force_final_answer(self) -> str:
-        """Make the next turn the last one and return the instruction to show instead of the
-        observation (the rollout calls this when the next context would overflow its budget)."""
         self._final_next = True
         return FINAL_ANSWER_INSTRUCTION
 
@@ -163,54 +231,87 @@ class SearchBrowseEnv(Env):
 
         if parsed.kind is TurnKind.MALFORMED:
             info = StepInfo(turn, parsed)
-            observation = render_correction(parsed.errors, self.toolbox.names)
+            observation = render_correction(parsed.errors, self.tool_names())
         else:
-            info, observation = await self._call_tool(turn, parsed)
+            info, observation = await self.call_tool(turn, parsed)
+            observation = render_tool_response(observation)
 
-        if self.turn >= self.config.max_turns - 1 or self._budget_spent():
+        if self.turn >= self.config.max_turns - 1 or self.tools_spent():
             self._final_next = True
             return StepResult(FINAL_ANSWER_INSTRUCTION, False, replace(info, forced_final=True))
         return StepResult(observation, False, info)
 
-    async def _call_tool(self, turn: int, parsed: ParsedTurn) -> tuple[StepInfo, str]:
-        name = parsed.tool or ""
-        limit = self.config.per_tool_budget.get(name)
-        if limit is not None and self.tool_calls[name] >= limit:
-            text = (f"[{name}] not run: this episode's budget of {limit} {name} calls is used up. "
-                    "Use another tool or answer.")
-            info = StepInfo(turn, parsed, tool=name, tool_ok=False, tool_error="budget")
-            return info, render_tool_response(text)
-        self.tool_calls[name] += 1
-        started = time.monotonic()
-        outcome = await self.toolbox.run(name, parsed.arguments)
-        info = StepInfo(turn, parsed, tool=name, tool_ok=outcome.ok, tool_error=outcome.error,
-                        tool_cached=outcome.cached, tool_seconds=time.monotonic() - started)
-        return info, render_tool_response(outcome.text)
-
     def snapshot(self) -> dict[str, object]:
-        """The state an episode checkpoint needs to continue this environment elsewhere (JSON)."""
-        return {"turn": self.turn, "tool_calls": dict(self.tool_calls), "final_next": self._final_next}
+        return {"turn": self.turn, "final_next": self._final_next, **self.tool_state()}
 
     def restore(self, state: dict[str, object]) -> None:
-        """Continue from :meth:`snapshot`'s state; call after ``reset()`` and before any ``step``."""
         if not self._started or self.turn:
             raise RuntimeError("restore() goes right after reset(), before any step()")
-        turn, calls = state.get("turn"), state.get("tool_calls")
-        if not isinstance(turn, int) or turn < 0 or not isinstance(calls, dict) or not all(
-                isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in calls.items()):
+        turn = state.get("turn")
+        if not isinstance(turn, int) or isinstance(turn, bool) or turn < 0:
             raise ValueError(f"not an environment snapshot: {state!r}")
+        self.restore_tools(state)
         self.turn = turn
-        self.tool_calls = Counter(calls)
         self._final_next = bool(state.get("final_next", False))
-
-    def _budget_spent(self) -> bool:
-        return sum(self.tool_calls.values()) >= self.tool_budget
 
     def _finish(self, turn: int, parsed: ParsedTurn, end: StopReason) -> StepResult:
         self._done = True
         return StepResult("", True, StepInfo(turn, parsed, end=end))
 
     async def close(self) -> None:
-        # The toolbox is shared by the worker's episodes and closed by its owner, not here.
         self._closed = True
 
+
+@register_env("search_browse")
+class SearchBrowseEnv(ProtocolEnv):
+    """Search and visit from the worker's toolbox, within the episode's tool budgets."""
+
+    def __init__(self, task: Task, toolbox: Toolbox, config: EnvConfig | None = None) -> None:
+        super().__init__(task, config or EnvConfig())
+        self.toolbox = toolbox
+        unknown = sorted(set(self.config.per_tool_budget) - set(toolbox.names))
+        if unknown:
+            raise ValueError(f"env.per_tool_budget names unknown tools {unknown}; "
+                             f"tools are {toolbox.names}")
+        self.tool_calls: Counter[str] = Counter()
+
+    @property
+    def tool_budget(self) -> int:
+        return self.config.tool_budget or max(self.config.max_turns - 1, 0)
+
+    def tool_schemas(self) -> list[JsonObject]:
+        return self.toolbox.schemas()
+
+    def tool_names(self) -> list[str]:
+        return self.toolbox.names
+
+    async def call_tool(self, turn: int, parsed: ParsedTurn) -> tuple[StepInfo, str]:
+        name = parsed.tool or ""
+        limit = self.config.per_tool_budget.get(name)
+        if limit is not None and self.tool_calls[name] >= limit:
+            text = (f"[{name}] not run: this episode's budget of {limit} {name} calls is used up. "
+                    "Use another tool or answer.")
+            return StepInfo(turn, parsed, tool=name, tool_ok=False, tool_error="budget"), text
+        self.tool_calls[name] += 1
+        started = time.monotonic()
+        outcome = await self.toolbox.run(name, parsed.arguments)
+        info = StepInfo(turn, parsed, tool=name, tool_ok=outcome.ok, tool_error=outcome.error,
+                        tool_cached=outcome.cached, tool_seconds=time.monotonic() - started)
+        return info, outcome.text
+
+    def tools_spent(self) -> bool:
+        return sum(self.tool_calls.values()) >= self.tool_budget
+
+    def tool_state(self) -> dict[str, object]:
+        return {"tool_calls": dict(self.tool_calls)}
+
+    def restore_tools(self, state: dict[str, object]) -> None:
+        calls = state.get("tool_calls")
+        if not isinstance(calls, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in calls.items()):
+            raise ValueError(f"not an environment snapshot: {state!r}")
+        self.tool_calls = Counter(calls)
+
+    async def close(self) -> None:
+        # The toolbox is shared by the worker's episodes and closed by its owner, not here.
+        await super().close()

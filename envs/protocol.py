@@ -310,15 +310,18 @@ REPORT_INSTRUCTION = (
 )
 
 
+RESEARCH_ROLE = ("You are a deep research assistant. Answer the user's question by searching and reading "
+                 "web pages: think step by step, call one tool per message, and keep going until you are sure.")
+
+
 def system_prompt(tool_schemas: Sequence[JsonObject], today: str | None = None,
-                  report: bool = False) -> str:
-    """The system prompt: the role, the tools as JSON schemas, and the turn format (with the
+                  report: bool = False, role: str = RESEARCH_ROLE) -> str:
+    """The system prompt: the ``role``, the tools as JSON schemas, and the turn format (with the
     ``<report>`` block of iter_research when ``report``)."""
     tools = "\n".join(json.dumps(schema, ensure_ascii=False) for schema in tool_schemas)
     date = f"\n\nCurrent date: {today}" if today else ""
     return (
-        "You are a deep research assistant. Answer the user's question by searching and reading web "
-        "pages: think step by step, call one tool per message, and keep going until you are sure."
+        f"{role}"
         "\n\n# Tools\n\nYou may call one of these functions per message:\n<tools>\n"
         f"{tools}\n</tools>\n\n"
         "Each message starts with your reasoning in <think></think>. Then call a tool with "

@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from envs.env import EnvConfig, SearchBrowseEnv, StepResult
+from envs.env import Env, EnvConfig, StepResult, build_env
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, without_surrogates
 from envs.tasks import Task
 from envs.tools.base import JsonObject
@@ -156,12 +156,11 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
     if checkpointing is not None and checkpointing.resume is not None:
         checkpointing.resume.check_for(task, uid, sample)  # the caller's mistake: raises ValueError
     started = time.monotonic()
-    env: SearchBrowseEnv | None = None
+    env: Env | None = None
     episode: _Episode | None = None
     deadline = asyncio.timeout(config.timeout_s)
     try:
-        env = SearchBrowseEnv(task, toolbox,
-                              replace(config.env, expect_report=context_manager.expect_report))
+        env = build_env(task, toolbox, replace(config.env, expect_report=context_manager.expect_report))
         episode = _Episode(trajectory, engine, chat, context_manager, config,
                            affinity if affinity is not None else f"{uid}/{sample}", checkpointing)
         async with deadline:
@@ -226,7 +225,7 @@ class _Episode:
         """Wall time of the episode so far, including what it ran before a resume."""
         return self.wall_before + time.monotonic() - self._started
 
-    async def run(self, env: SearchBrowseEnv) -> None:
+    async def run(self, env: Env) -> None:
         prompt_ids = self.context.start(self.chat, await env.reset())
         if self.checkpointing.resume is not None:
             self._restore(env, self.checkpointing.resume)
@@ -252,7 +251,7 @@ class _Episode:
         raise RuntimeError(f"the environment did not end the episode within {self.config.max_turns} "
                            "turns; it must force the final answer on its last turn")
 
-    def _restore(self, env: SearchBrowseEnv, state: EpisodeState) -> None:
+    def _restore(self, env: Env, state: EpisodeState) -> None:
         saved = state.trajectory
         env.restore(state.env)
         self.context.restore(state.context)
@@ -268,7 +267,7 @@ class _Episode:
             self.ids.extend(turn.response_ids)
             self.ids.extend(turn.observation_ids)
 
-    async def _checkpoint(self, env: SearchBrowseEnv) -> None:
+    async def _checkpoint(self, env: Env) -> None:
         save, every = self.checkpointing.save, self.checkpointing.every
         if save is None or every < 1 or self.turns % every:
             return
@@ -326,7 +325,7 @@ class _Episode:
         self.turns += 1
         return turn
 
-    def _continue(self, env: SearchBrowseEnv, turn: Turn, exchange: Exchange) -> None:
+    def _continue(self, env: Env, turn: Turn, exchange: Exchange) -> None:
         """Put the observation into the context (or a new one), forcing the answer on overflow."""
         plan = self.context.next_context(exchange)
         if not self._fits(plan):

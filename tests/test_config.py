@@ -52,3 +52,21 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
     broken.write_text("env: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(Experiment, broken)
+
+
+def test_options_follow_the_kind_they_were_given_for(tmp_path: Path) -> None:
+    # The embedded default's data options are the synthetic loader's; another kind starts afresh,
+    # whether the file or an override changes it, and the same kind keeps and merges them.
+    from cluster.train import TrainJob
+
+    default = load_config(TrainJob)
+    assert default.rollout.data.options["min_hops"] == 1
+    changed = load_config(TrainJob, None, ["rollout.data.kind=arithmetic", "eval_data.kind=arithmetic"])
+    assert changed.rollout.data.options == {} and changed.eval_data.options == {}
+    file = tmp_path / "job.yaml"
+    file.write_text("rollout:\n  data: {kind: arithmetic, path: '', options: {operands: 2}}\n")
+    assert load_config(TrainJob, file).rollout.data.options == {"operands": 2}
+    same = load_config(TrainJob, None, ["rollout.data.kind=synthetic", "rollout.data.options.count=10"])
+    assert same.rollout.data.options["min_hops"] == 1 and same.rollout.data.options["count"] == 10
+    estimator = load_config(TrainJob, None, ["estimator.options.eps=0.1", "estimator.name=igpo"])
+    assert estimator.estimator.options == {"eps": 0.1}  # the user's own options stay, in any order

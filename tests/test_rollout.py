@@ -141,3 +141,18 @@ def test_a_run_where_every_episode_fails_exits_nonzero(ray_local: None, tmp_path
     assert "every episode failed; the first said: the engine failed on turn 0: RuntimeError: this engine " \
            "serves nothing" in printed
     assert len(load_trajectories(tmp_path / "f.jsonl")) == 4  # each recorded with its error
+
+
+def test_a_second_env_runs_through_the_same_rollout(ray_local: None, tmp_path: Path) -> None:
+    # The calculator environment and the arithmetic dataset, chosen by config alone; the policy is a
+    # user's scripted engine (tests.user_plugins) that is right in sample 0 and off by one in sample 1.
+    cfg = load_config(RolloutConfig, EXAMPLES / "rollout_calculator.yaml",
+                      ["data.limit=3", "group_size=2", "engine.kind=tests.user_plugins:CalculatorExpert"])
+    out = tmp_path / "calculator.jsonl"
+    summary = run_rollout(cfg, out, progress=False)
+    trajectories = load_trajectories(out)
+    assert summary.episodes == 6 and summary.failed == 0 and summary.accuracy == 0.5
+    assert all(t.stop_reason is StopReason.ANSWERED and len(t.turns) == 2 for t in trajectories)
+    assert all(t.turns[0].tool == "calculate" and t.turns[0].tool_ok for t in trajectories)
+    assert all(f"= {t.answers[0]}" in t.turns[0].observation_text for t in trajectories)
+    assert {answer_matches(t.answer, t.answers) for t in trajectories if t.sample == 0} == {True}

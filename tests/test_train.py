@@ -193,6 +193,23 @@ def test_failed_and_hostile_episodes_are_counted_not_fatal(ray_local: None, tmp_
 
 
 @pytest.mark.integration
+def test_a_second_env_trains_unchanged(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+    # The calculator environment (examples/train_calculator.yaml) through the same driver, rewards and
+    # learner; the policy is a user's scripted engine, right in sample 0 and off by one in sample 1,
+    # so every group has signal and the learner updates the model on it.
+    job = load_config(TrainJob, EXAMPLE.with_name("train_calculator.yaml"), [
+        "steps=1", "tasks_per_step=2", "rollout.group_size=2", "eval_every=1", "eval_data.limit=2",
+        "rollout.engine.kind=tests.user_plugins:CalculatorExpert", "learner.mini_batch=4",
+        "learner.micro_batch=2", "learner.threads=0", f"out={tmp_path}"])
+    state = run_train(job, progress=False)
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert state.step == 1 and history[-1]["learner/trained"] > 0 and history[-1]["learner/grad_norm"] > 0
+    assert history[-1]["reward/accuracy"] == 0.5 and history[-1]["eval/accuracy"] == 1.0
+    scored = load_trajectories(tmp_path / "scored" / "step0.jsonl")
+    assert {turn.tool for t in scored for turn in t.turns} == {"calculate", None}
+
+
+@pytest.mark.integration
 def test_a_step_in_which_every_episode_fails_stops_the_run(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
     job = load_config(TrainJob, EXAMPLE, [*SMALL, "steps=1", "eval_every=0",
                                           "rollout.engine.kind=tests.hostile:FailingEngine", f"out={tmp_path}"])

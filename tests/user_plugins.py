@@ -1,18 +1,25 @@
 """A user's own plugins, in a module of their own: each is named in config by import path
-(``tests.user_plugins:Name``), registered nowhere (``tests/test_plugins.py``)."""
+(``tests.user_plugins:Name``), registered nowhere (``tests/test_plugins.py``,
+``tests/test_env_conformance.py``)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from envs.datasets.registry import DatasetConfig
+from envs.env import Env, EnvConfig, Message, StepInfo, StepResult
+from envs.protocol import FINAL_ANSWER_INSTRUCTION, StopReason, TurnKind, parse_turn
 from envs.tasks import Task
+from envs.tools.toolbox import Toolbox
 from learner.credit.records import Group, TurnCredit
 from learner.credit.registry import CreditResult, Estimator
 from rewards.base import RewardPlugin
+from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
 from rollout.engines.config import EngineConfig
+from rollout.engines.scripted import ScriptedEngine, last_user_message
 from rollout.trajectory import Trajectory
 
 
@@ -66,3 +73,88 @@ class NullEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> NullEngine:
         return cls(config)
+
+
+class GuessEnv(Env):
+    """Guess the task's number: a tool call ``{"name": "guess", "arguments": {"n": 7}}`` is answered
+    higher, lower or right; the episode ends with ``<answer>``. Written on the bare :class:`Env`
+    contract (not on ``ProtocolEnv``), to show the contract is all the episode loop needs."""
+
+    def __init__(self, task: Task, toolbox: Toolbox, config: EnvConfig) -> None:  # noqa: ARG002
+        self.task, self.config = task, config
+        self.turn, self.final_next, self.started, self.done = 0, False, False, False
+
+    async def reset(self) -> list[Message]:
+        if self.started:
+            raise RuntimeError("reset() twice")
+        self.started = True
+        return [{"role": "system", "content": "Guess the number with the guess tool, then answer."},
+                {"role": "user", "content": self.task.question}]
+
+    async def step(self, action: str) -> StepResult:
+        if not self.started or self.done:
+            raise RuntimeError("step() before reset() or after the end")
+        turn, parsed = self.turn, parse_turn(action)
+        self.turn += 1
+        if parsed.kind is TurnKind.ANSWER or self.final_next or self.turn >= self.config.max_turns:
+            self.done = True
+            end = StopReason.ANSWERED if parsed.kind is TurnKind.ANSWER and parsed.format_ok else StopReason.NO_ANSWER
+            return StepResult("", True, StepInfo(turn, parsed, end=end))
+        guess = parsed.arguments.get("n") if parsed.kind is TurnKind.TOOL_CALL else None
+        if not isinstance(guess, int):
+            return StepResult("Call guess with an integer n, or answer.", False, StepInfo(turn, parsed))
+        target = int(self.task.answers[0])
+        text = "right" if guess == target else ("higher" if guess < target else "lower")
+        if self.turn == self.config.max_turns - 1:
+            self.final_next = True
+            return StepResult(FINAL_ANSWER_INSTRUCTION, False, StepInfo(turn, parsed, tool="guess", tool_ok=True,
+                                                                        forced_final=True))
+        return StepResult(text, False, StepInfo(turn, parsed, tool="guess", tool_ok=True))
+
+    def force_final_answer(self) -> str:
+        self.final_next = True
+        return FINAL_ANSWER_INSTRUCTION
+
+    def snapshot(self) -> dict[str, object]:
+        return {"turn": self.turn, "final_next": self.final_next}
+
+    def restore(self, state: dict[str, object]) -> None:
+        if self.turn:
+            raise RuntimeError("restore() goes right after reset()")
+        if not isinstance(state.get("turn"), int):
+            raise ValueError(f"not a guess snapshot: {state!r}")
+        self.turn, self.final_next = int(state["turn"]), bool(state.get("final_next"))  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        self.done = True
+
+
+class CalculatorExpert(ScriptedEngine):
+    """A scripted policy for the calculator environment: the first turn calls ``calculate`` on the
+    question's expression, the second answers with the result, off by one in sample 1 of every group
+    (so that a group has a right and a wrong answer to learn from)."""
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> CalculatorExpert:
+        engine = super().from_config(config)
+        engine.__class__ = cls
+        return engine  # type: ignore[return-value]
+
+    @classmethod
+    def check_tasks(cls, config: EngineConfig, questions: Sequence[str]) -> None:  # noqa: ARG003
+        return None  # any arithmetic question
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
+                       affinity: str | None = None) -> Generation:
+        last = last_user_message(self.chat, prompt_ids)
+        asked = re.match(r"What is (.+)\?", last)
+        result = re.search(r"= (-?[0-9.]+)", last)
+        if asked:
+            call = '{"name": "calculate", "arguments": {"expression": "%s"}}' % asked.group(1)
+            text = f"<think>\nlet me compute it\n</think>\n<tool_call>\n{call}\n</tool_call>"
+        else:
+            value = int(float(result.group(1))) if result else 0
+            value += 1 if affinity is not None and affinity.endswith("/1") else 0
+            text = f"<think>\nthe calculator says so\n</think>\n<answer>{value}</answer>"
+        ids = [*self.chat.encode(text), self.chat.turn_end_id]
+        return self._limit(ids, [0.0] * len(ids), FINISH_STOP, sampling)
