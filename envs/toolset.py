@@ -30,6 +30,13 @@ def build_toolbox(config: ToolsConfig, documents: Sequence[Document] | None = No
     server, which is on loopback and would otherwise be refused.
     """
     visit_config = config.visit
+    extractor = visit_config.extractor
+    if extractor.enabled and extractor.worst_case_s() >= config.toolbox.timeout_s:
+        raise ValueError(f"visit.extractor can take up to {extractor.worst_case_s():g} s per page "
+                         f"({extractor.max_attempts} attempts of timeout_s={extractor.timeout_s:g} and "
+                         f"their backoff), which does not fit toolbox.timeout_s={config.toolbox.timeout_s:g} "
+                         "for the whole visit: lower the extractor's timeout_s or max_attempts, or raise "
+                         "toolbox.timeout_s")
     if allow_hosts:
         hosts = list(visit_config.guard.allow_hosts) + [h for h in allow_hosts
                                                           if h not in visit_config.guard.allow_hosts]

@@ -66,7 +66,7 @@ from envs.tools.toolbox import Toolbox
 from envs.visit.tool import VisitTool
 from learner.credit.records import write_records
 from learner.sft_formats import AUTO, CHAT, check_format_name, known_formats, row_format
-from rewards.judge import ChatClient, ChatClientConfig
+from envs.chat_client import ChatClient, ChatClientConfig
 from rewards.outcome import judge_messages, parse_verdict
 
 KNOWN_TOOLS = ("search", "visit")

@@ -27,7 +27,7 @@ from envs.protocol import (
 from envs.tasks import Clue, Task
 from envs.tools.base import JsonValue
 from envs.tools.toolbox import Toolbox
-from rewards.judge import ChatClient, ChatMessage, clip_text
+from envs.chat_client import ChatClient, ChatMessage, clip_text
 
 log = logging.getLogger(__name__)
 

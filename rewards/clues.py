@@ -29,7 +29,7 @@ from envs.tools.toolbox import Toolbox
 from envs.toolset import ToolsConfig, build_toolbox
 from rewards.base import RewardPlugin
 from rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig
-from rewards.judge import ChatClient, ChatClientConfig, ChatMessage, clip_text, json_object_in
+from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, clip_text, json_object_in
 from rollout.trajectory import Trajectory, Turn
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from envs.answers import answer_matches, normalize_answer
 from envs.tasks import Task
 from rewards.base import RewardPlugin
 from rewards.format import DEFAULT_LAMBDA_FMT, final_turn_penalty
-from rewards.judge import ChatClient, ChatClientConfig, ChatMessage
+from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage
 from rollout.trajectory import Trajectory
 
 MAX_JUDGE_TEMPERATURE = 0.1

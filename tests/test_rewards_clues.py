@@ -21,7 +21,7 @@ from envs.toolset import ToolsConfig, build_toolbox
 from rewards.base import RewardSpec, build_reward
 from rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig, ClueRecoveryError, parse_clues
 from rewards.clues import ClueMatcher, ClueSteps, ClueStepsConfig, heuristic_events, step_score
-from rewards.judge import ChatClient, ChatClientConfig
+from envs.chat_client import ChatClient, ChatClientConfig
 from rollout.chat import ChatFormat
 from rollout.engines.scripted import ScriptedEngine
 from rollout.model_store import ensure_default_model

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rewards.base import RewardError, RewardSpec, build_reward
-from rewards.judge import ChatClientConfig
+from envs.chat_client import ChatClientConfig
 from rewards.outcome import (
     ExactMatch,
     LlmJudge,

@@ -53,7 +53,7 @@ from learner.sft_data import (
     schema_mismatch_lines,
     tool_set,
 )
-from rewards.judge import ChatClientConfig, JudgeUnavailable
+from envs.chat_client import ChatClientConfig, ChatUnavailable
 from tests.conftest import free_port
 from tests.openai_server import Reply, chat_server
 
@@ -402,7 +402,7 @@ def test_a_failing_judge_leaves_the_old_output_untouched(tmp_path: Path) -> None
     target.write_text("previous\n")
     judge = ChatClientConfig(base_url=f"http://127.0.0.1:{free_port()}/v1", model="judge",
                              api_key_env="", max_attempts=1, timeout_s=5)
-    with pytest.raises(JudgeUnavailable):
+    with pytest.raises(ChatUnavailable):
         clean_file(source, target, CleanConfig(judge=judge))
     assert target.read_text() == "previous\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "raw.jsonl"]

@@ -40,7 +40,7 @@ def chat() -> Iterator[str]:
 
 
 def extractor(base_url: str, **overrides: object) -> LlmExtractor:
-    config = ExtractorConfig(enabled=True, base_url=base_url, model="tiny", backoff_initial_s=0.01,
+    config = ExtractorConfig(enabled=True, base_url=base_url, model="tiny", backoff_s=0.01,
                              api_key_env="TURNSTILE_TEST_KEY", **overrides)  # type: ignore[arg-type]
     return LlmExtractor(config)
 
@@ -90,7 +90,8 @@ async def test_gives_up_after_max_attempts(chat: str) -> None:
     with pytest.raises(ToolError) as caught:
         await client.extract("https://x.test/a", "goal", "text")
     await client.aclose()
-    assert caught.value.kind == "extractor_unavailable" and caught.value.retryable
+    # The client retried; the toolbox must not retry on top of it (one retry layer).
+    assert caught.value.kind == "extractor_unavailable" and not caught.value.retryable
     assert len(ChatServer.requests) == 2
 
 
@@ -114,3 +115,15 @@ def test_parse_reply_variants() -> None:
 def test_enabled_without_model_is_an_error() -> None:
     with pytest.raises(ValueError, match="visit.extractor.model"):
         LlmExtractor(ExtractorConfig(enabled=True))
+
+
+def test_retries_that_cannot_fit_the_toolbox_timeout_are_refused() -> None:
+    from envs.toolset import ToolsConfig, build_toolbox
+    from envs.tools.toolbox import ToolboxConfig
+    from envs.visit.tool import VisitConfig
+
+    slow = ExtractorConfig(enabled=True, model="m", timeout_s=40.0, max_attempts=2, backoff_s=1.0)
+    assert slow.worst_case_s() == 81.0
+    config = ToolsConfig(visit=VisitConfig(extractor=slow), toolbox=ToolboxConfig(timeout_s=60.0))
+    with pytest.raises(ValueError, match=r"visit.extractor .* 81 s .* toolbox.timeout_s=60"):
+        build_toolbox(config, documents=[])

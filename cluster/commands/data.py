@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from learner.sft_data import NoReadableRows, clean_file  # noqa: PLC0415 - see add_arguments
-    from rewards.judge import JudgeUnavailable  # noqa: PLC0415
+    from envs.chat_client import ChatUnavailable  # noqa: PLC0415
 
     try:
         config = clean_config(args)
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, NoReadableRows) as error:  # names the path
         print(f"turnstile data clean: {error}")
         return 1
-    except JudgeUnavailable as error:
+    except ChatUnavailable as error:
         print(f"turnstile data clean: the judge failed, nothing was written: {error}")
         return 1
     print_report(report, target)
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 def clean_config(args: argparse.Namespace) -> CleanConfig:
     """The pipeline's config from the ``clean`` options; ValueError says which option is wrong."""
     from learner.sft_data import CleanConfig, parse_resample  # noqa: PLC0415
-    from rewards.judge import ChatClientConfig  # noqa: PLC0415
+    from envs.chat_client import ChatClientConfig  # noqa: PLC0415
 
     if (args.judge_url is None) != (args.judge_model is None):
         raise ValueError("the judge needs both --judge-url and --judge-model")

@@ -5,26 +5,28 @@ the page with the agent's stated goal and returns the relevant evidence and a sh
 module calls any OpenAI-compatible ``POST {base_url}/chat/completions`` endpoint for that and asks for
 a JSON object ``{"rational", "evidence", "summary"}`` (field names as in those agents' prompts).
 
-Failure policy, chosen so that the observation stays useful and failures stay visible:
+The request goes through the shared :class:`~envs.chat_client.ChatClient` (its config is the
+extractor's, plus ``enabled``), which is the only retry layer. Failure policy, chosen so that the
+observation stays useful and failures stay visible:
 - a reply that cannot be parsed (no JSON object, even tolerating code fences and JSON5, or no
   evidence/summary) → :meth:`LlmExtractor.extract` returns None and the tool shows the truncated raw
   page text instead;
-- the endpoint failing (connect errors, timeouts, 429, 5xx) is retried ``max_attempts`` times with
-  capped exponential backoff, then raises ``ToolError("extractor_unavailable", retryable=True)``;
-  other 4xx replies (bad model name, bad key) raise at once, since retrying cannot help.
+- the endpoint failing (connect errors, timeouts, 429, 5xx) is retried by the client, ``max_attempts``
+  times with capped exponential backoff, then raises ``ToolError("extractor_unavailable")``; a 4xx
+  (bad model name, bad key) raises ``ToolError("extractor")`` at once. Neither is retryable: the
+  toolbox does not retry the visit on top of the client's retries (``build_toolbox`` also refuses an
+  extractor whose retries cannot finish within the toolbox's timeout for one call).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 from dataclasses import dataclass
 
-import httpx
 import json5
 
+from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
 from envs.tools.base import ToolError
 
 PROMPT = """You read a web page for a research agent. Find what in the page serves the agent's goal.
@@ -44,19 +46,24 @@ _FENCE = re.compile(r"```(?:json5?|JSON)?\s*(.*?)```", re.DOTALL)
 
 
 @dataclass
-class ExtractorConfig:
-    """Where the extractor model is served and how hard to try."""
+class ExtractorConfig(ChatClientConfig):
+    """Where the extractor model is served and how hard to try (the chat client's settings)."""
 
     enabled: bool = False
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str = ""
-    api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable; unset → no auth header
-    temperature: float = 0.0
-    max_output_tokens: int = 1024
-    timeout_s: float = 60.0
-    max_attempts: int = 3
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 8.0
+    timeout_s: float = 20.0  # one attempt; every attempt must fit in toolbox.timeout_s
+    max_attempts: int = 2
+    backoff_s: float = 1.0
+    proxy_from_env: bool = False  # the extractor is a service of the cluster, not of the web
+
+    def __post_init__(self) -> None:
+        if self.enabled:
+            super().__post_init__()
+
+    def worst_case_s(self) -> float:
+        """The longest a call can take: every attempt timing out, with the longest backoffs."""
+        waits = sum(min(self.backoff_s * 2 ** (attempt - 1), self.backoff_max_s)
+                    for attempt in range(1, self.max_attempts))
+        return self.max_attempts * self.timeout_s + waits
 
 
 @dataclass(frozen=True)
@@ -98,66 +105,24 @@ def parse_reply(reply: str) -> Extraction | None:
 
 
 class LlmExtractor:
-    """Calls a chat-completions endpoint to extract goal-relevant evidence from page text."""
+    """Asks the extractor model for the goal-relevant evidence of a page's text."""
 
     def __init__(self, config: ExtractorConfig) -> None:
         if not config.model:
             raise ValueError("visit.extractor.enabled is true but visit.extractor.model is empty; set "
                              "it to the model name the endpoint serves")
         self.config = config
-        self._client: httpx.AsyncClient | None = None
-
-    def _client_now(self) -> httpx.AsyncClient:
-        if self._client is None:
-            headers = {"Content-Type": "application/json"}
-            key = os.environ.get(self.config.api_key_env, "") if self.config.api_key_env else ""
-            if key:
-                headers["Authorization"] = f"Bearer {key}"
-            self._client = httpx.AsyncClient(base_url=self.config.base_url.rstrip("/"),
-                                             headers=headers, timeout=self.config.timeout_s,
-                                             trust_env=False)
-        return self._client
+        self.client = ChatClient(config)
 
     async def extract(self, url: str, goal: str, page_text: str) -> Extraction | None:
         """Evidence and summary of ``page_text`` for ``goal``; None when the reply is unparseable."""
-        payload = {
-            "model": self.config.model,
-            "messages": [{"role": "user", "content": PROMPT.format(url=url, page=page_text, goal=goal)}],
-            "temperature": self.config.temperature,
-            "max_tokens": self.config.max_output_tokens,
-        }
-        reply = await self._complete(payload)
+        prompt = PROMPT.format(url=url, page=page_text, goal=goal)
+        try:
+            reply = await self.client.complete([ChatMessage("user", prompt)])
+        except ChatUnavailable as error:
+            kind = "extractor" if error.kind == "refused" else "extractor_unavailable"
+            raise ToolError(kind, f"the page extractor: {error}") from None
         return parse_reply(reply)
 
-    async def _complete(self, payload: dict[str, object]) -> str:
-        cfg = self.config
-        problem = ""
-        for attempt in range(cfg.max_attempts):
-            if attempt:
-                await asyncio.sleep(min(cfg.backoff_initial_s * 2 ** (attempt - 1), cfg.backoff_max_s))
-            try:
-                response = await self._client_now().post("/chat/completions", json=payload)
-            except httpx.TransportError as error:
-                problem = f"{type(error).__name__}: {error}"
-                continue
-            if response.status_code == 429 or response.status_code >= 500:
-                problem = f"HTTP {response.status_code}"
-                continue
-            if response.status_code >= 400:
-                raise ToolError("extractor", f"the extractor endpoint {cfg.base_url} answered HTTP "
-                                             f"{response.status_code}: {response.text[:200]}; check "
-                                             f"visit.extractor.model and the API key in "
-                                             f"${cfg.api_key_env}")
-            try:
-                content = response.json()["choices"][0]["message"]["content"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                return ""  # not a chat-completions reply: treated as unparseable
-            return content if isinstance(content, str) else ""
-        raise ToolError("extractor_unavailable", f"the extractor endpoint {cfg.base_url} failed "
-                                                 f"{cfg.max_attempts} times (last: {problem}); check "
-                                                 f"that it is running", retryable=True)
-
     async def aclose(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        await self.client.aclose()

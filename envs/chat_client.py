@@ -1,15 +1,18 @@
-"""An async client for OpenAI-compatible ``/v1/chat/completions`` endpoints, for judges and clue
-recovery.
+"""The one client for OpenAI-compatible ``/v1/chat/completions`` endpoints: LLM judges, clue
+recovery, the SFT data judge and the visit tool's page extractor all call a model through it.
 
 Reward scoring calls an LLM thousands of times per step, so the client bounds everything: at most
-``max_concurrency`` requests in flight (the endpoint is shared by every plugin in the process), a
+``max_concurrency`` requests in flight (the endpoint is shared by every user in the process), a
 ``timeout_s`` per attempt, ``max_attempts`` tries with exponential backoff on what retrying can fix
 (timeouts, connection errors, 429 and 5xx), and an in-memory LRU cache of replies so that the same
-request (same model, messages and sampling) is sent once. After the last attempt it raises
-:class:`JudgeUnavailable`; it never returns a made-up reply, because a silent zero would train the
-policy on a broken endpoint.
+request (same model, messages and sampling) is sent once. It is the only retry layer for these
+calls: a caller does not retry what it raises. After the last attempt it raises
+:class:`ChatUnavailable` (``kind="unavailable"``; ``"refused"`` at once for a 4xx, which retrying
+cannot fix); it never returns a made-up reply, because a silent zero would train the policy on a
+broken endpoint.
 
 The API key is read from the environment variable the config names, never from the config itself.
+This module sits in ``envs`` (the lowest layer) because the visit tool uses it as well as rewards.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class ChatClientConfig:
     backoff_max_s: float = 8.0
     max_concurrency: int = 16
     cache_entries: int = 50_000  # replies kept in memory; 0 = no cache
+    proxy_from_env: bool = True  # honour HTTP(S)_PROXY / NO_PROXY (httpx's trust_env)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -67,12 +71,17 @@ class ClientStats:
     requests: int = 0  # HTTP attempts sent
     retries: int = 0
     cache_hits: int = 0
-    failures: int = 0  # calls that raised JudgeUnavailable
+    failures: int = 0  # calls that raised ChatUnavailable
     errors: dict[str, int] = field(default_factory=dict)  # by kind: "timeout", "http_503", ...
 
 
-class JudgeUnavailable(RuntimeError):
-    """The endpoint gave no usable reply after every attempt; the message says what failed."""
+class ChatUnavailable(RuntimeError):
+    """The endpoint gave no usable reply; the message says what failed. ``kind`` is ``"unavailable"``
+    (every attempt failed in a way a retry could fix) or ``"refused"`` (a 4xx: the request is wrong)."""
+
+    def __init__(self, message: str, kind: str = "unavailable") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class _Retryable(Exception):
@@ -106,13 +115,13 @@ class ChatClient:
             limits = httpx.Limits(max_connections=self.config.max_concurrency)
             self._http = httpx.AsyncClient(base_url=self.config.base_url.rstrip("/"), headers=headers,
                                            timeout=self.config.timeout_s, limits=limits,
-                                           transport=self._transport)
+                                           transport=self._transport, trust_env=self.config.proxy_from_env)
         return self._http
 
     async def complete(self, messages: Sequence[ChatMessage], *, temperature: float | None = None,
                        max_tokens: int | None = None) -> str:
         """The assistant's reply text to ``messages`` (from the cache when the same request was
-        answered before or is in flight). Raises :class:`JudgeUnavailable` after the last failed attempt."""
+        answered before or is in flight). Raises :class:`ChatUnavailable` after the last failed attempt."""
         body = {
             "model": self.config.model,
             "messages": [{"role": m.role, "content": m.content} for m in messages],
@@ -163,7 +172,7 @@ class ChatClient:
                 self.stats.retries += 1
                 await asyncio.sleep(self._backoff(attempt))  # outside the semaphore
         self.stats.failures += 1
-        raise JudgeUnavailable(
+        raise ChatUnavailable(
             f"{self.config.base_url}: no reply from model {self.config.model!r} after "
             f"{self.config.max_attempts} attempts (last: {last}). Check that the endpoint is up, or "
             "raise client.max_attempts / client.timeout_s.")
@@ -180,10 +189,10 @@ class ChatClient:
         if response.status_code != 200:
             # 400/401/404...: the same request will fail again; say so at once.
             self.stats.failures += 1
-            raise JudgeUnavailable(f"{self.config.base_url}/chat/completions answered "
+            raise ChatUnavailable(f"{self.config.base_url}/chat/completions answered "
                                    f"{response.status_code}: {response.text[:300]}. Check "
                                    "client.base_url, client.model and the API key variable "
-                                   f"{self.config.api_key_env!r}.")
+                                   f"{self.config.api_key_env!r}.", kind="refused")
         try:
             content = response.json()["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as error:

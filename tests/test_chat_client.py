@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from rewards.judge import ChatClient, ChatClientConfig, ChatMessage, JudgeUnavailable
+from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
 from tests.openai_server import Reply, chat_server, replies_in_order
 
 
@@ -44,7 +44,7 @@ async def test_server_errors_are_retried_then_succeed() -> None:
 async def test_retries_are_capped() -> None:
     with chat_server(replies_in_order([], then=Reply("down", status=503))) as server:
         client = client_for(server.base_url, max_attempts=3)
-        with pytest.raises(JudgeUnavailable, match="after 3 attempts.*http_503"):
+        with pytest.raises(ChatUnavailable, match="after 3 attempts.*http_503"):
             await client.complete(ask("x"))
         await client.aclose()
     assert server.log.count == 3 and client.stats.failures == 1
@@ -53,7 +53,7 @@ async def test_retries_are_capped() -> None:
 async def test_a_client_error_is_not_retried() -> None:
     with chat_server(replies_in_order([Reply("no such model", status=404)])) as server:
         client = client_for(server.base_url)
-        with pytest.raises(JudgeUnavailable, match="answered 404.*client.model"):
+        with pytest.raises(ChatUnavailable, match="answered 404.*client.model"):
             await client.complete(ask("x"))
         await client.aclose()
     assert server.log.count == 1
@@ -68,7 +68,7 @@ async def test_timeouts_are_retried_and_bounded() -> None:
         await client.aclose()
     with chat_server(replies_in_order([], then=slow)) as server:
         client = client_for(server.base_url, timeout_s=0.2, max_attempts=2)
-        with pytest.raises(JudgeUnavailable, match="timeout"):
+        with pytest.raises(ChatUnavailable, match="timeout"):
             await client.complete(ask("x"))
         await client.aclose()
 
