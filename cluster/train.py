@@ -54,8 +54,9 @@ from learner.credit.registry import Estimator
 from learner.publish import WeightsArchive, publish
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
-from rewards.base import RewardSpec, build_reward, reward_options
+from rewards.base import RewardSpec, build_reward, resolve_reward, reward_options
 from rewards.service import RewardServiceConfig
+from rollout.engines.registry import weight_sync
 from rollout.fleet import EngineRouter
 from rollout.model_store import WARM_MODEL, resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
@@ -63,7 +64,6 @@ from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_t
 from rollout.workers import WorkerSpec
 
 MODES = ("sync", "async")
-IG_REWARD = "information_gain"
 
 
 def _default_rollout() -> RolloutConfig:
@@ -217,7 +217,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
                                        or str(out / "tensorboard")), run_name=out.name)
             run = Run(job, out, Learner(replace(job.learner, model=model)), router, workers, tasks, eval_tasks,
                       estimator, sink, progress, name=name, store_config=store_config)
-            if any(entry.kind == IG_REWARD for entry in job.rewards):  # IG scores with the generating version
+            if any(resolve_reward(entry.kind).scores_with_policy for entry in job.rewards):
                 run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
             try:
                 run.learner.start()
@@ -350,25 +350,24 @@ class Run:
         return metrics
 
     async def publish(self, version: int) -> None:
-        """The learner's weights to every engine replica, as ``engine.vllm.weight_sync`` says:
-        through Ray's object store (``inplace``), or a shared checkpoint directory the replicas load
-        (``checkpoint``: GPU clusters, where learner and engines are on different nodes)."""
-        engine, weights = self.job.rollout.engine, self.learner.full_weights()
+        """The learner's weights to every engine replica, the way the engine asks
+        (``rollout.engines.registry.weight_sync``): through Ray's object store, or a shared
+        checkpoint directory the replicas load (GPU clusters, where learner and engines are on
+        different nodes)."""
+        weights = self.learner.full_weights()
         if self.archive is not None:  # before any trajectory of this version can reach the rewards
             await asyncio.to_thread(self.archive.add, version, weights)
-        if engine.kind == "vllm" and engine.vllm.weight_sync == "checkpoint":
-            await publish(self.router, weights, version, mode="checkpoint",
-                          checkpoint_dir=engine.vllm.checkpoint_dir)
-        else:
-            await publish(self.router, weights, version)
+        mode, directory = weight_sync(self.job.rollout.engine)
+        await publish(self.router, weights, version, mode=mode, checkpoint_dir=directory)
 
     def reward_specs(self) -> list[RewardSpec]:
-        """The reward plugins; ``information_gain`` without a model of its own scores each
-        trajectory with the weights version that generated it (the run's archive)."""
+        """The reward plugins; one that scores with the policy's weights (``scores_with_policy``:
+        information gain) and has no model of its own scores each trajectory with the weights
+        version that generated it (the run's archive)."""
         specs = []
         for entry in self.job.rewards:
             options = dict(entry.options)
-            if entry.kind == IG_REWARD and self.archive is not None and not (
+            if resolve_reward(entry.kind).scores_with_policy and self.archive is not None and not (
                     options.get("model") or options.get("versions_dir")):
                 options["versions_dir"] = str(self.archive.root)
             specs.append(RewardSpec(entry.kind, options))

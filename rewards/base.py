@@ -60,10 +60,15 @@ class RewardPlugin(abc.ABC):
     - ``score_group`` scores the G trajectories of one task; plugins that need the whole group
       (group-relative scores) override it, the others inherit the concurrent per-trajectory loop.
     - ``aclose`` releases clients; safe to call twice.
+    - ``scores_with_policy``: the plugin scores with the policy's own weights (information gain).
+      Its options then include ``model`` and ``versions_dir``, and ``turnstile train`` points
+      ``versions_dir`` at the run's weights archive, so that each trajectory is scored with the
+      version that generated it, unless the config sets either.
     """
 
     config_type: ClassVar[type] = NoOptions
     writes: ClassVar[frozenset[str]] = frozenset()
+    scores_with_policy: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def score(self, trajectory: Trajectory, task: Task) -> None: ...

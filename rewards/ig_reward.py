@@ -45,6 +45,7 @@ class InformationGainConfig:
 class InformationGain(RewardPlugin):
     config_type: ClassVar[type] = InformationGainConfig
     writes: ClassVar[frozenset[str]] = frozenset({"turn.ig_value"})
+    scores_with_policy: ClassVar[bool] = True
 
     def __init__(self, config: InformationGainConfig) -> None:
         self.config = config

@@ -16,7 +16,7 @@ from envs.plugins import PluginError, Registry, typed_options
 from learner.credit import build_estimator, estimator_class
 from rewards.base import RewardError, RewardSpec, build_reward, resolve_reward
 from rollout.engines.config import EngineConfig
-from rollout.engines.registry import build_engine
+from rollout.engines.registry import build_engine, weight_sync
 from rollout.trajectory import Segment, StopReason, Trajectory
 from tests import user_plugins
 
@@ -56,8 +56,18 @@ def test_a_users_reward_by_import_path() -> None:
 def test_a_users_dataset_and_engine_by_import_path() -> None:
     tasks = load_tasks(DatasetConfig(kind="tests.user_plugins:three_questions", path="mine-", limit=2))
     assert [task.id for task in tasks] == ["mine-0", "mine-1"]
-    engine = build_engine(EngineConfig(kind="tests.user_plugins:NullEngine", model="m"))
+    config = EngineConfig(kind="tests.user_plugins:NullEngine", model="m", options={"version": 3})
+    engine = build_engine(config)
     assert isinstance(engine, user_plugins.NullEngine) and engine.config.model == "m"
+    assert engine.options.version == 3  # its own options, typed
+    with pytest.raises(PluginError, match="unknown option 'versoin'"):
+        build_engine(EngineConfig(kind="tests.user_plugins:NullEngine", options={"versoin": 3}))
+    # How the driver publishes weights is the engine's to say; the core names no engine.
+    assert weight_sync(config) == ("checkpoint", "/shared/m")
+    assert weight_sync(EngineConfig(kind="hf")) == ("inplace", "")
+    vllm = EngineConfig(kind="vllm")
+    vllm.vllm.weight_sync, vllm.vllm.checkpoint_dir = "checkpoint", "/ckpt"
+    assert weight_sync(vllm) == ("checkpoint", "/ckpt")
     with pytest.raises(ValueError, match="engine.kind 'tests.user_plugins:three_questions' names .* not an engine"):
         build_engine(EngineConfig(kind="tests.user_plugins:three_questions"))
 

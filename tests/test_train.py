@@ -227,3 +227,20 @@ def test_tasks_the_engine_cannot_serve_are_refused_at_start(ray_local: None, tmp
     with pytest.raises(ValueError, match=r"\d+ of \d+ tasks have clue pages the corpus .* does not serve"):
         run_train(job, progress=False)
     assert not (tmp_path / "rollouts").exists()
+
+
+def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Path) -> None:
+    # The driver asks the plugin (scores_with_policy), it does not know information_gain by name.
+    from types import SimpleNamespace
+
+    from cluster.train import Run
+    from rewards.base import RewardSpec
+
+    job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
+    job.rewards = [RewardSpec("tests.user_plugins:PolicyScore"), RewardSpec("exact_match"),
+                   RewardSpec("information_gain", {"model": "own"})]
+    run = Run(job, tmp_path, None, None, [], [], [], None, None, False)  # type: ignore[arg-type]
+    assert [spec.options for spec in run.reward_specs()] == [{}, {}, {"model": "own"}]  # no archive yet
+    run.archive = SimpleNamespace(root=tmp_path / "weights")  # type: ignore[assignment]
+    assert [spec.options for spec in run.reward_specs()] == [
+        {"versions_dir": str(tmp_path / "weights")}, {}, {"model": "own"}]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from envs.datasets.registry import DatasetConfig
+from envs.plugins import typed_options
 from envs.env import Env, EnvConfig, Message, StepInfo, StepResult
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, StopReason, TurnKind, parse_turn
 from envs.tasks import Task
@@ -64,11 +65,22 @@ def three_questions(cfg: DatasetConfig) -> list[Task]:
     return [Task(id=f"{cfg.path}{i}", question=f"question {i}?", answers=(str(i),)) for i in range(3)]
 
 
+@dataclass
+class NullEngineOptions:
+    version: int = 0
+
+
 class NullEngine:
-    """Builds from a config and remembers which."""
+    """Builds from a config and remembers which; its own options come from ``engine.options``.
+    Published weights reach it through a checkpoint directory (``weight_sync``)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.options = typed_options(NullEngineOptions, config.options, "engine 'NullEngine'")
+
+    @classmethod
+    def weight_sync(cls, config: EngineConfig) -> tuple[str, str]:
+        return "checkpoint", f"/shared/{config.model}"
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> NullEngine:
@@ -158,3 +170,24 @@ class CalculatorExpert(ScriptedEngine):
             text = f"<think>\nthe calculator says so\n</think>\n<answer>{value}</answer>"
         ids = [*self.chat.encode(text), self.chat.turn_end_id]
         return self._limit(ids, [0.0] * len(ids), FINISH_STOP, sampling)
+
+
+@dataclass
+class PolicyScoreOptions:
+    model: str = ""
+    versions_dir: str = ""
+
+
+class PolicyScore(RewardPlugin):
+    """A reward that scores with the policy's own weights (as information gain does): the driver
+    hands it the run's weights archive."""
+
+    config_type: ClassVar[type] = PolicyScoreOptions
+    writes: ClassVar[frozenset[str]] = frozenset({"trajectory.outcome"})
+    scores_with_policy: ClassVar[bool] = True
+
+    def __init__(self, options: PolicyScoreOptions) -> None:
+        self.options = options
+
+    async def score(self, trajectory: Trajectory, task: Task) -> None:  # noqa: ARG002
+        trajectory.outcome = 0.0

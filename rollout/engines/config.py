@@ -54,6 +54,8 @@ class EngineConfig:
     ``kind`` is a registered engine name (entry-point group ``turnstile.engines``: vllm, hf,
     scripted) or ``package.module:Class``. ``model`` is a Hugging Face model directory or hub name;
     empty means the default tiny model, built locally on first use (``turnstile build-model``).
+    The built-in engines read their section (``hf``, ``vllm``, ``scripted``); an engine from another
+    package reads ``options`` (with :func:`envs.plugins.typed_options` and a dataclass of its own).
     """
 
     kind: str = "vllm"
@@ -64,3 +66,4 @@ class EngineConfig:
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     vllm: VllmEngineConfig = field(default_factory=VllmEngineConfig)
     scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)
+    options: dict[str, Any] = field(default_factory=dict)  # an engine of another package: its own options

@@ -22,7 +22,9 @@ ENTRY_POINT_GROUP = "turnstile.engines"
 class EngineClass(Protocol):
     """How an engine is built. An engine class may also define ``check_tasks(config, questions)``,
     raising ValueError when it cannot serve some of them (a scripted policy's unknown questions);
-    drivers call it through :func:`check_engine_tasks` before starting any actor."""
+    drivers call it through :func:`check_engine_tasks` before starting any actor. And it may define
+    ``weight_sync(config) -> (mode, directory)``, how the driver publishes new weights to it
+    (:func:`weight_sync`)."""
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> PolicyEngine: ...
@@ -46,6 +48,14 @@ def check_engine_tasks(config: EngineConfig, questions: Sequence[str]) -> None:
     check = getattr(resolve_engine(config.kind), "check_tasks", None)
     if check is not None:
         check(config, questions)
+
+
+def weight_sync(config: EngineConfig) -> tuple[str, str]:
+    """How the driver publishes weights to the configured engine: ``("inplace", "")``, through Ray's
+    object store (the default), or ``("checkpoint", directory)``, safetensors in a directory every
+    replica reads (learner and engines on different nodes); the engine class says which."""
+    sync = getattr(resolve_engine(config.kind), "weight_sync", None)
+    return sync(config) if sync is not None else ("inplace", "")
 
 
 def build_engine(config: EngineConfig) -> PolicyEngine:

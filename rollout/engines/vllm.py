@@ -94,6 +94,12 @@ class VllmEngine:
     def from_config(cls, config: EngineConfig) -> VllmEngine:
         return cls(config)
 
+    @classmethod
+    def weight_sync(cls, config: EngineConfig) -> tuple[str, str]:
+        """How the driver publishes weights to this engine (see :func:`~rollout.engines.registry.weight_sync`)."""
+        mode = "checkpoint" if config.vllm.weight_sync == "checkpoint" else "inplace"
+        return mode, config.vllm.checkpoint_dir
+
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> None:
