@@ -31,11 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from cluster.rollout import RayConfig, init_ray
-from cluster.score import find_tasks, run_plugins
+from cluster.score import find_tasks
+from rewards.apply import score_groups
 from cluster.warm_start import DEFAULT_TASKS, WarmStartRecipe, expert_trajectories
 from envs.datasets.registry import DatasetConfig
 from envs.tasks import Task
-from rewards.base import RewardSpec, build_reward
+from rewards.base import RewardSpec
 from rollout.model_store import WARM_MODEL
 from rollout.trajectory import Trajectory
 
@@ -143,9 +144,10 @@ def main() -> None:
     trajectories = trajectories[:args.tasks]
     data = DatasetConfig(kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS))
     tasks = find_tasks(data, trajectories)
-    plugins = [build_reward(RewardSpec("information_gain", {"model": args.model})),
-               build_reward(RewardSpec("clue_steps", {"judge": "heuristic"}))]
-    asyncio.run(run_plugins(plugins, trajectories, tasks))
+    specs = [RewardSpec("information_gain", {"model": args.model}), RewardSpec("clue_steps", {"judge": "heuristic"})]
+    unscored = asyncio.run(score_groups(specs, trajectories, tasks))
+    if unscored:
+        raise SystemExit(f"{unscored} trajectories could not be scored: {trajectories[0].metadata.get('reward_error')}")
     groups = split_turns(trajectories, tasks)
     print(f"{len(trajectories)} trajectories from {source}, {sum(len(t.turns) for t in trajectories)} "
           f"turns; IG scored by {args.model}")

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import ray
-from ray.exceptions import RayActorError
 from tqdm import tqdm
 
+from cluster.dispatch import Dispatcher, Episode, WorkerPool
 from envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.env import env_class
@@ -31,12 +31,11 @@ from envs.toolset import ToolsConfig
 from rollout.context import ContextConfig
 from rollout.engines.config import EngineConfig
 from rollout.engines.registry import check_engine_tasks
-from rollout.episode import EpisodeConfig, describe_error
+from rollout.episode import EpisodeConfig
 from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
-from rollout.store import StoreDataLostError
 from rollout.summary import RolloutSummary, summarize
-from rollout.trajectory import StopReason, Trajectory, write_trajectory
+from rollout.trajectory import Trajectory, write_trajectory
 from rollout.workers import CorpusConfig, WorkerSpec, corpus_documents, start_workers
 
 log = logging.getLogger(__name__)
@@ -98,9 +97,9 @@ def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> Rollout
         (tasks,) = servable_tasks([cfg.data], corpus, cfg.engine)
         with fleet(cfg.engine, cfg.fleet, WorkerSpec(tools=cfg.tools, episode=cfg.episode, context=cfg.context,
                                                      corpus=corpus, model=model),
-                   name=f"turnstile-{uuid.uuid4().hex[:8]}") as (_, workers):
+                   name=f"turnstile-{uuid.uuid4().hex[:8]}") as (_, pool):
             episodes = [(task, f"{task.id}", sample) for task in tasks for sample in range(cfg.group_size)]
-            trajectories, failed, rerun = collect(workers, episodes, cfg.fleet, out, progress)
+            trajectories, failed, rerun = collect(pool, episodes, cfg.fleet, out, progress)
     return summarize(trajectories, time.monotonic() - started, failed, rerun)
 
 
@@ -117,7 +116,7 @@ def servable_tasks(datasets: list[DatasetConfig], corpus: CorpusConfig, engine: 
 
 @contextlib.contextmanager
 def fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec,
-          name: str) -> Iterator[tuple[EngineRouter, list[ray.actor.ActorHandle]]]:
+          name: str) -> Iterator[tuple[EngineRouter, WorkerPool]]:
     """The rollout fleet of rollout and training alike: ``engine_replicas`` engine actors behind a
     router, ``workers`` rollout workers (named ``<name>-engine-<i>``, ``<name>-worker-<i>``);
     killed on exit. ``spec.model`` is the resolved model directory. The environment ``spec`` names
@@ -131,7 +130,7 @@ def fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec,
         spec = replace(spec, policy_name=spec.policy_name or f"{engine.kind}:{Path(spec.model).name}")
         workers = start_workers(spec, router, config.workers, config.episodes_per_worker, config.worker_cpus,
                                 config.worker_restarts, name_prefix=f"{name}-")
-        yield router, workers
+        yield router, WorkerPool(workers, config.episodes_per_worker)
     finally:
         for actor in [*workers, *engines]:
             ray.kill(actor)
@@ -187,95 +186,23 @@ def serve_corpus(corpus: CorpusConfig) -> Iterator[CorpusConfig]:
         yield replace(corpus, base_url=base)
 
 
-def episode_raised(episode: tuple[Task, str, int], error: Exception) -> Trajectory:
-    """What a driver records for an episode whose call raised (not a dead worker): a failed
-    trajectory, unless the store lost the run's data, which stops the run with its own message."""
-    cause = getattr(error, "cause", None)
-    if isinstance(cause, StoreDataLostError):
-        raise cause from None
-    log.error("episode %s/%d failed: %s", episode[1], episode[2], describe_error(error))
-    return failed_trajectory(episode, describe_error(error))
-
-
-def failed_trajectory(episode: tuple[Task, str, int], error: str) -> Trajectory:
-    """The record of an episode that produced no trajectory of its own: stop reason ``error``."""
-    task, uid, sample = episode
-    return Trajectory(uid=uid, sample=sample, task_id=task.id, question=task.question,
-                      answers=list(task.answers), stop_reason=StopReason.ERROR,
-                      metadata={"error": error})
-
-
-def collect(workers: list[ray.actor.ActorHandle], episodes: list[tuple[Task, str, int]],
-            fleet: FleetConfig, out: Path, progress: bool) -> tuple[list[Trajectory], int, int]:
-    """Keep every worker busy, write trajectories as they finish, rerun the episodes of dead workers.
-
-    A worker whose call failed gets no new episode until a ping shows it back (Ray restarts it up to
-    ``worker_restarts`` times); if every worker is gone for good, the remaining episodes fail.
-    """
-    pending = list(reversed(episodes))
-    attempts: dict[tuple[str, int], int] = {}
-    running: dict[ray.ObjectRef, tuple[int, tuple[Task, str, int]]] = {}
-    probes: dict[ray.ObjectRef, int] = {}
-    healthy = [True] * len(workers)
-    load = [0] * len(workers)
+def collect(pool: WorkerPool, episodes: list[Episode], fleet: FleetConfig, out: Path,
+            progress: bool) -> tuple[list[Trajectory], int, int]:
+    """Run ``episodes`` on the pool (:class:`~cluster.dispatch.Dispatcher`: least loaded worker,
+    a dead worker's episodes rerun elsewhere), writing each trajectory to ``out`` as it finishes.
+    Returns the trajectories (failed ones as their records), how many failed and how many were rerun."""
+    dispatcher = Dispatcher(pool, fleet.max_episode_attempts)
+    dispatcher.submit(episodes)
     done: list[Trajectory] = []
-    failed = rerun = 0
     out.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress)
     with out.open("w", encoding="utf-8") as sink:
-        while pending or running:
-            usable = [i for i in range(len(workers)) if healthy[i] and load[i] < fleet.episodes_per_worker]
-            while pending and usable:
-                worker = min(usable, key=lambda i: load[i])
-                task, uid, sample = episode = pending.pop()
-                attempts[(uid, sample)] = attempts.get((uid, sample), 0) + 1
-                running[workers[worker].run.remote(task, uid, sample)] = (worker, episode)
-                load[worker] += 1
-                usable = [i for i in usable if load[i] < fleet.episodes_per_worker]
-            if not running and not probes:
-                log.error("every rollout worker is gone; %d episodes cannot run", len(pending))
-                failed += len(pending)
-                bar.update(len(pending))
-                break
-            ready, _ = ray.wait([*running, *probes], num_returns=1)
-            if ready[0] in probes:
-                worker = probes.pop(ready[0])
-                try:
-                    ray.get(ready[0])
-                    healthy[worker] = True
-                except RayActorError:
-                    log.error("rollout worker %d is gone for good", worker)
-                continue
-            worker, episode = running.pop(ready[0])
-            load[worker] -= 1
-            try:
-                trajectory: Trajectory = ray.get(ready[0])
-            except RayActorError as error:
-                if healthy[worker]:
-                    healthy[worker] = False
-                    probes[workers[worker].ping.remote()] = worker
-                key = (episode[1], episode[2])
-                if attempts[key] < fleet.max_episode_attempts:
-                    log.warning("worker %d died running %s/%d (%s); rerunning it", worker, *key,
-                                type(error).__name__)
-                    pending.append(episode)
-                    rerun += 1
-                else:
-                    log.error("episode %s/%d failed %d times; giving up on it", *key, attempts[key])
-                    failed += 1
-                    trajectory = failed_trajectory(episode, f"its worker died {attempts[key]} times "
-                                                            f"running it ({type(error).__name__})")
-                    write_trajectory(trajectory, sink)
-                    done.append(trajectory)
-                    bar.update(1)
-                continue
-            except Exception as error:  # noqa: BLE001 - one episode's failure must not end the run
-                trajectory = episode_raised(episode, error)
-                failed += 1
-            write_trajectory(trajectory, sink)
+        while dispatcher.busy:
+            for trajectory in dispatcher.wait():
+                write_trajectory(trajectory, sink)
+                done.append(trajectory)
+                bar.update(1)
+                bar.set_postfix(turns=len(trajectory.turns), refresh=False)
             sink.flush()
-            done.append(trajectory)
-            bar.update(1)
-            bar.set_postfix(turns=len(trajectory.turns), refresh=False)
     bar.close()
-    return done, failed, rerun
+    return done, dispatcher.failed, dispatcher.rerun

@@ -1,8 +1,10 @@
 """Scoring saved trajectories: the configured reward plugins, then the configured estimator.
 
 The offline form of the reward service: read trajectories (JSONL), find each one's task (with its
-clues) in the configured dataset, run every reward plugin over each group of G samples, assign
-per-turn advantages with one estimator over the whole file, and write the scored trajectories.
+clues) in the configured dataset, run every reward plugin over each group of G samples
+(:func:`rewards.apply.score_groups`: a group a plugin fails on is written unscored, with
+``metadata["reward_error"]``), assign per-turn advantages with one estimator over the scored ones,
+and write them all.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from envs.tasks import Task
 from learner.credit import estimator_from_options
 from learner.credit.registry import CreditResult
 from learner.credit.assign import assign_credit
-from rewards.base import RewardPlugin, RewardSpec, build_reward
+from rewards.apply import DEFAULT_SCORE_TIMEOUT_S, score_groups
+from rewards.base import RewardSpec
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
 
@@ -36,6 +39,7 @@ class ScoreConfig:
     data: DatasetConfig = field(default_factory=lambda: DatasetConfig(kind="synthetic", path=""))
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("exact_match"), RewardSpec("format")])
     estimator: EstimatorEntry = field(default_factory=EstimatorEntry)
+    score_timeout_s: float = DEFAULT_SCORE_TIMEOUT_S  # one reward plugin on one group
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class ScoreReport:
     groups: int
     mean_outcome: float
     stats: dict[str, float]
+    unscored: int = 0  # a reward plugin failed on them: outcome None, metadata["reward_error"]
 
 
 def score_file(cfg: ScoreConfig, source: Path, out: Path) -> ScoreReport:
@@ -56,28 +61,14 @@ async def score_saved(cfg: ScoreConfig, source: Path, out: Path) -> ScoreReport:
     if not trajectories:
         raise ValueError(f"{source} holds no trajectories")
     estimator = estimator_from_options(cfg.estimator.name, cfg.estimator.options)
-    plugins = [build_reward(spec) for spec in cfg.rewards]
     tasks = find_tasks(cfg.data, trajectories)
-    await run_plugins(plugins, trajectories, tasks)
-    result: CreditResult = assign_credit(trajectories, estimator)
+    unscored = await score_groups(cfg.rewards, trajectories, tasks, cfg.score_timeout_s)
+    scored = [t for t in trajectories if t.outcome is not None]  # the unscored get no credit
+    result: CreditResult = assign_credit(scored, estimator) if scored else CreditResult([])
     save_trajectories(trajectories, out)
-    outcomes = [t.outcome for t in trajectories if t.outcome is not None]
+    outcomes = [t.outcome for t in scored]
     return ScoreReport(len(trajectories), len({t.uid for t in trajectories}),
-                       sum(outcomes) / len(outcomes) if outcomes else 0.0, result.stats)
-
-
-async def run_plugins(plugins: Sequence[RewardPlugin], trajectories: Sequence[Trajectory],
-                      tasks: dict[str, Task]) -> None:
-    groups: dict[str, list[Trajectory]] = {}
-    for trajectory in trajectories:
-        groups.setdefault(trajectory.uid, []).append(trajectory)
-    try:
-        for plugin in plugins:  # in the configured order: later plugins may read earlier fields
-            await asyncio.gather(*(plugin.score_group(group, tasks[group[0].task_id])
-                                   for group in groups.values()))
-    finally:
-        for plugin in plugins:
-            await plugin.aclose()
+                       sum(outcomes) / len(outcomes) if outcomes else 0.0, result.stats, unscored)
 
 
 def find_tasks(data: DatasetConfig, trajectories: Sequence[Trajectory]) -> dict[str, Task]:

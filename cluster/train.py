@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import ray
 
+from cluster.dispatch import WorkerPool
 from cluster.metrics import (
     MetricsConfig,
     MetricsSink,
@@ -43,7 +43,7 @@ from cluster.rollout import (
     serve_corpus,
     servable_tasks,
 )
-from cluster.score import EstimatorEntry, find_tasks, run_plugins
+from cluster.score import EstimatorEntry, find_tasks
 from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
 from envs.datasets.registry import DatasetConfig
@@ -54,7 +54,8 @@ from learner.credit.registry import Estimator
 from learner.publish import WeightsArchive, publish
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
-from rewards.base import RewardSpec, build_reward, resolve_reward, reward_options
+from rewards.apply import score_groups
+from rewards.base import RewardSpec, resolve_reward, reward_options
 from rewards.service import RewardServiceConfig
 from rollout.engines.registry import weight_sync
 from rollout.fleet import EngineRouter
@@ -212,10 +213,10 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
         spec = WorkerSpec(tools=job.rollout.tools, episode=job.rollout.episode, context=job.rollout.context,
                           corpus=corpus, model=model, store=build_store(store_config),
                           checkpoint_every=job.rollout.fleet.checkpoint_every)
-        with fleet(job.rollout.engine, job.rollout.fleet, spec, name) as (router, workers):
+        with fleet(job.rollout.engine, job.rollout.fleet, spec, name) as (router, pool):
             sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
                                        or str(out / "tensorboard")), run_name=out.name)
-            run = Run(job, out, Learner(replace(job.learner, model=model)), router, workers, tasks, eval_tasks,
+            run = Run(job, out, Learner(replace(job.learner, model=model)), router, pool, tasks, eval_tasks,
                       estimator, sink, progress, name=name, store_config=store_config)
             if any(resolve_reward(entry.kind).scores_with_policy for entry in job.rewards):
                 run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
@@ -237,11 +238,11 @@ class Run:
     """What one training run holds, and the bookkeeping both loops share."""
 
     def __init__(self, job: TrainJob, out: Path, learner: Learner, router: EngineRouter,
-                 workers: list[ray.actor.ActorHandle], tasks: list[Task], eval_tasks: list[Task],
+                 pool: WorkerPool, tasks: list[Task], eval_tasks: list[Task],
                  estimator: Estimator, sink: MetricsSink, progress: bool, name: str = "turnstile",
                  store_config: StoreConfig | None = None) -> None:
         self.job, self.out, self.learner, self.router = job, out, learner, router
-        self.workers, self.tasks, self.eval_tasks = workers, tasks, eval_tasks
+        self.pool, self.tasks, self.eval_tasks = pool, tasks, eval_tasks  # the rollout workers: cluster.dispatch
         self.estimator, self.sink, self.progress = estimator, sink, progress
         self.state = RunState()
         self.rerun = 0
@@ -270,7 +271,7 @@ class Run:
             batch = step_tasks(self.tasks, state.step, job.tasks_per_step, job.shuffle, job.learner.seed)
             episodes = [(task, f"s{state.step}-{task.id}", sample)
                         for task in batch for sample in range(job.rollout.group_size)]
-            trajectories, failed, rerun = collect(self.workers, episodes, job.rollout.fleet,
+            trajectories, failed, rerun = collect(self.pool, episodes, job.rollout.fleet,
                                                   self.out / "rollouts" / f"step{state.step}.jsonl",
                                                   self.progress)
             self.rerun += rerun
@@ -342,7 +343,7 @@ class Run:
         if not self.eval_tasks:
             return {}
         started = time.monotonic()
-        metrics = _evaluate(self.job, self.workers, self.eval_tasks, step, self.out, self.progress)
+        metrics = _evaluate(self.job, self.pool, self.eval_tasks, step, self.out, self.progress)
         metrics["time/eval_s"] = time.monotonic() - started
         print(f"eval @ step {step}: accuracy {metrics['eval/accuracy']:.1%} (95% interval "
               f"{metrics['eval/accuracy_low']:.1%}-{metrics['eval/accuracy_high']:.1%}, "
@@ -377,13 +378,13 @@ class Run:
         self.sink.set_queue_depths(depths)
 
 
-def _evaluate(job: TrainJob, workers: list, tasks: list[Task], step: int, out: Path,
+def _evaluate(job: TrainJob, pool: WorkerPool, tasks: list[Task], step: int, out: Path,
               progress: bool) -> dict[str, float]:
     """``eval_samples`` samples per held-out task on the current weights (the rollout's sampling
     settings): accuracy with its 95% Wilson interval (over episodes), format rate, turns and browse
     ratio; the trajectories go to ``out/eval/step<N>.jsonl``."""
     episodes = [(task, f"eval{step}-{task.id}", sample) for task in tasks for sample in range(job.eval_samples)]
-    trajectories, _, _ = collect(workers, episodes, job.rollout.fleet, out / "eval" / f"step{step}.jsonl",
+    trajectories, _, _ = collect(pool, episodes, job.rollout.fleet, out / "eval" / f"step{step}.jsonl",
                                  progress)
     correct = sum(is_correct(t) for t in trajectories)
     low, high = wilson_interval(correct, len(trajectories))
@@ -427,8 +428,10 @@ def _correct_by_task(path: Path) -> dict[str, float]:
 
 
 async def _score(job: TrainJob, specs: list[RewardSpec], trajectories: list[Trajectory]) -> None:
-    plugins = [build_reward(spec) for spec in specs]
-    await run_plugins(plugins, trajectories, find_tasks(job.rollout.data, trajectories))
+    """The sync loop's rewards, applied as the reward service applies them (a group a plugin fails
+    on is left unscored and counted by :func:`trainable`)."""
+    await score_groups(specs, trajectories, find_tasks(job.rollout.data, trajectories),
+                       job.reward_service.worker.score_timeout_s)
 
 
 def _save_state(out: Path, state: RunState) -> None:

@@ -6,8 +6,10 @@ One asyncio loop in the driver does four things, none of which blocks the others
    ``accepted + running + G <= (η + version + 1) × batch``, where ``accepted`` counts finished
    samples since the run began, ``version`` is the weights version the engines serve and ``batch``
    is ``tasks_per_step × G``. Rollout runs ahead of the learner by at most η updates' worth.
-2. **Harvest**: a finished episode goes to the trajectory store (``finished``); an episode whose
-   worker died is run again elsewhere (the store keeps each item once).
+2. **Harvest**: a finished episode goes to the trajectory store (``finished``). Episodes are placed
+   by the run's one dispatcher policy (:mod:`cluster.dispatch`, shared with rollout and evaluation):
+   an episode whose worker died runs again elsewhere (the store keeps each item once), and an
+   evaluation started by the learner thread counts against the same workers' capacity.
 3. **Rewards**: reward workers (Ray actors, :mod:`rewards.service`) score what the store holds while
    rollout continues; the collector releases a group only when all its G samples are scored.
 4. **Learning**: when ``tasks_per_step`` complete groups are ready and no update is running, an
@@ -25,10 +27,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-import ray
-from ray.exceptions import RayActorError
-
-from cluster.rollout import episode_raised, failed_trajectory
+from cluster.dispatch import Dispatcher, NoWorkersLeft
 from rewards.service import RewardService
 from rollout.store import FINISHED, build_store
 from rollout.trajectory import Trajectory
@@ -43,11 +42,8 @@ async def async_loop(run: Run) -> None:
     job, state = run.job, run.state
     group_size = job.rollout.group_size
     batch = job.tasks_per_step * group_size
-    capacity = job.rollout.fleet.episodes_per_worker
-    workers = run.workers
-    load = [0] * len(workers)
-    running: dict[ray.ObjectRef, tuple[int, tuple[object, str, int]]] = {}
-    attempts: dict[tuple[str, int], int] = {}
+    episodes = Dispatcher(run.pool, job.rollout.fleet.max_episode_attempts)
+    rerun, failed = run.rerun, run.failed
     ready: list[list[Trajectory]] = []
     learning: asyncio.Future[None] | None = None
     last_step_at = time.monotonic()
@@ -57,36 +53,19 @@ async def async_loop(run: Run) -> None:
     async with RewardService(run.store_config, specs, service, tasks={task.id: task for task in run.tasks}) as rewards:
         while state.step < job.steps:
             bound = (job.staleness + state.weights_version + 1) * batch
-            while (state.accepted + len(running) + group_size <= bound
-                   and sum(capacity - n for n in load) >= group_size):
+            while (state.accepted + len(episodes.running) + len(episodes.waiting) + group_size <= bound
+                   and run.pool.free() >= group_size):
                 task = run.task(state.cursor)
                 uid = f"a{state.cursor}-{task.id}"
                 state.cursor += 1
-                for sample in range(group_size):
-                    _submit(workers, load, running, attempts, (task, uid, sample))
-            if running:
-                done, _ = ray.wait(list(running), num_returns=len(running), timeout=0)
-                for ref in done:
-                    worker, episode = running.pop(ref)
-                    load[worker] -= 1
-                    try:
-                        trajectory: Trajectory = await ref
-                    except RayActorError as error:
-                        key = (episode[1], episode[2])
-                        if attempts[key] < job.rollout.fleet.max_episode_attempts:
-                            log.warning("rollout worker %d died running %s/%d; rerunning it", worker, *key)
-                            run.rerun += 1
-                            _submit(workers, load, running, attempts, episode, avoid=worker)
-                            continue
-                        log.error("episode %s/%d failed %d times; recording it as failed", *key, attempts[key])
-                        trajectory = failed_trajectory(episode, f"its worker died {attempts[key]} times "
-                                                                f"running it ({type(error).__name__})")
-                        run.failed += 1
-                    except Exception as error:  # noqa: BLE001 - one episode's failure must not end the run
-                        trajectory = episode_raised(episode, error)
-                        run.failed += 1
-                    await store.put(FINISHED, f"{trajectory.uid}/{trajectory.sample}", trajectory.to_json())
-                    state.accepted += 1
+                episodes.submit((task, uid, sample) for sample in range(group_size))
+            if not run.pool.alive():
+                raise NoWorkersLeft("every rollout worker is gone (each died more often than "
+                                    "fleet.worker_restarts allows); see the workers' logs")
+            for trajectory in episodes.wait(timeout=0):
+                await store.put(FINISHED, f"{trajectory.uid}/{trajectory.sample}", trajectory.to_json())
+                state.accepted += 1
+            run.rerun, run.failed = rerun + episodes.rerun, failed + episodes.failed
             ready.extend(await rewards.release_groups(group_size, wait_s=0))
             if learning is None and len(ready) >= job.tasks_per_step:
                 groups, ready[:] = ready[:job.tasks_per_step], ready[job.tasks_per_step:]
@@ -97,23 +76,10 @@ async def async_loop(run: Run) -> None:
                 learning.result()
                 learning = None
                 last_step_at = time.monotonic()
-                run.set_queue_depths({"running": len(running), "ready_groups": len(ready),
+                run.set_queue_depths({"running": len(episodes.running), "ready_groups": len(ready),
                                       "buffered": rewards.collector.buffered})
             await asyncio.sleep(0.05)
         if learning is not None:
             await learning
-        for ref in running:
-            ray.cancel(ref)
+        episodes.cancel()
     await store.close()
-
-
-def _submit(workers: list[ray.actor.ActorHandle], load: list[int],
-            running: dict[ray.ObjectRef, tuple[int, tuple[object, str, int]]],
-            attempts: dict[tuple[str, int], int], episode: tuple[object, str, int],
-            avoid: int | None = None) -> None:
-    choices = [i for i in range(len(workers)) if i != avoid] or list(range(len(workers)))
-    worker = min(choices, key=lambda i: load[i])
-    task, uid, sample = episode
-    attempts[(uid, sample)] = attempts.get((uid, sample), 0) + 1
-    running[workers[worker].run.remote(task, uid, sample)] = (worker, episode)
-    load[worker] += 1

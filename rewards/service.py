@@ -26,7 +26,8 @@ that dies (or takes longer than ``reclaim_idle_ms``) is reclaimed by a live work
 put again under the same id, which the store ignores as a duplicate. Plugins are idempotent, so a
 rescored trajectory carries the same fields.
 
-Failures are bounded. A plugin that raises (or passes ``score_timeout_s``) on a trajectory leaves
+Plugins are applied by :func:`rewards.apply.apply_rewards`, as everywhere else. Failures are
+bounded. A plugin that raises (or passes ``score_timeout_s``) on a trajectory leaves
 the item unacked, so it is delivered again after ``reclaim_idle_ms``; on its ``max_deliveries``-th
 delivery a failure puts the trajectory on ``scored`` *unscored* (outcome None, the reward fields as
 rollout left them) with ``metadata["reward_error"] = {"plugin", "error", "deliveries"}``. Its group
@@ -52,6 +53,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from envs.tasks import Task
+from rewards.apply import DEFAULT_SCORE_TIMEOUT_S, apply_rewards, mark_unscored
 from rewards.base import RewardSpec, build_reward, reward_options
 from rollout.store import (
     FINISHED,
@@ -95,7 +97,7 @@ class RewardWorkerConfig:
     claim_block_ms: int = 1000  # how long an idle worker waits on the store for new items
     reclaim_idle_ms: int = 300_000  # unacked this long: the holder died or failed; take it over
     max_deliveries: int = 3  # a failure on this delivery puts the item with metadata["reward_error"]
-    score_timeout_s: float = 600.0  # one plugin on one trajectory
+    score_timeout_s: float = DEFAULT_SCORE_TIMEOUT_S  # one plugin on one trajectory
 
     def __post_init__(self) -> None:
         for name in ("concurrency", "max_deliveries"):
@@ -182,8 +184,7 @@ class RewardWorker:
         self.name = name
         self.config = config
         self._store = build_store(store)
-        self._kinds = [spec.kind for spec in rewards]
-        self._plugins = [build_reward(spec) for spec in rewards]
+        self._plugins = [(spec.kind, build_reward(spec)) for spec in rewards]
         self._tasks: dict[str, Task] = dict(tasks or {})
         self._counts = WorkerCounts(incarnation=uuid.uuid4().hex)
         self._in_flight: dict[str, asyncio.Task[None]] = {}
@@ -229,7 +230,7 @@ class RewardWorker:
         self._stopping = True
 
     async def aclose(self) -> None:
-        for plugin in self._plugins:
+        for _, plugin in self._plugins:
             await plugin.aclose()
         await self._store.close()
 
@@ -287,11 +288,8 @@ class RewardWorker:
         log.error("reward worker %s: %s failed on %r on its last delivery (%d): %s; it goes to %r "
                   "unscored, with metadata['reward_error']", self.name, source, item.id,
                   item.deliveries, error, SCORED)
-        unscored = Trajectory.from_json(item.payload)  # none of the fields written before the failure
-        unscored.outcome = None
-        unscored.metadata["reward_error"] = {"plugin": source, "error": error,
-                                             "deliveries": item.deliveries}
-        await self._store.put(SCORED, item.id, unscored.to_json())
+        mark_unscored(trajectory, Trajectory.from_json(item.payload), failure, item.deliveries)
+        await self._store.put(SCORED, item.id, trajectory.to_json())
         await self._store.ack(FINISHED, REWARD_GROUP, [item.id])
         self._counts.failed += 1
 
@@ -302,15 +300,7 @@ class RewardWorker:
             return MISSING_TASK, (f"task {trajectory.task_id!r} is unknown to reward worker "
                                   f"{self.name}: the driver must add_tasks before its trajectories "
                                   "are scored")
-        for kind, plugin in zip(self._kinds, self._plugins, strict=True):
-            try:  # later plugins may read what earlier ones wrote
-                await asyncio.wait_for(plugin.score_group([trajectory], task),
-                                       self.config.score_timeout_s)
-            except TimeoutError:
-                return kind, f"TimeoutError: no result within score_timeout_s={self.config.score_timeout_s}"
-            except Exception as error:  # noqa: BLE001 - a plugin's failure must not stop the worker
-                return kind, f"{type(error).__name__}: {error}"
-        return None
+        return await apply_rewards(self._plugins, [trajectory], task, self.config.score_timeout_s)
 
 
 # ---- the driver side -----------------------------------------------------------------------------

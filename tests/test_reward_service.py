@@ -29,9 +29,9 @@ import pytest
 import pytest_asyncio
 import ray
 
-from cluster.score import run_plugins
+from rewards.apply import score_groups
 from envs.tasks import Task
-from rewards.base import RewardError, RewardPlugin, RewardSpec, build_reward
+from rewards.base import RewardError, RewardPlugin, RewardSpec
 from rewards.service import (
     LEARNER_GROUP,
     MISSING_TASK,
@@ -200,7 +200,7 @@ async def test_finished_trajectories_come_out_scored(store_config: StoreConfig, 
     # One trajectory at a time gives what the offline scorer gives on the whole group, and the
     # rollout's own fields (weights versions included) come back untouched.
     offline = [Trajectory.from_json(t.to_json()) for t in rollout]
-    await run_plugins([build_reward(spec) for spec in CHEAP], offline, {episodes.task.id: episodes.task})
+    assert await score_groups(CHEAP, offline, {episodes.task.id: episodes.task}) == 0
     assert [t.to_json() for t in group] == [t.to_json() for t in offline]
     assert [[turn.weights_version for turn in t.turns] for t in group] == \
         [[turn.weights_version for turn in t.turns] for t in rollout]

@@ -43,5 +43,8 @@ def run(args: argparse.Namespace) -> int:
     stats = "".join(f"  {key}={value:.6f}" for key, value in report.stats.items())
     print(f"scored {report.trajectories} trajectories in {report.groups} groups with "
           f"{', '.join(r.kind for r in cfg.rewards)}; credit: {cfg.estimator.name}{stats}")
+    if report.unscored:
+        print(f"{report.unscored} trajectories are unscored (a reward plugin failed on their group; "
+              "outcome null, the reason in metadata.reward_error) and got no credit")
     print(f"mean outcome {report.mean_outcome:.3f}; written: {args.out}")
     return 0

@@ -27,6 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from cluster.config import dump_config, load_config
+    from cluster.dispatch import NoWorkersLeft
     from cluster.train import TrainJob, check, learning_line, run_train
     from envs.corpus_server import CorpusServerError
     from rewards.service import RewardServiceError
@@ -46,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
           f"samples, engine {job.rollout.engine.kind}, learner dp={job.learner.dp}, out {job.out}")
     try:
         state = run_train(job, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError, CorpusServerError, StoreError,
-            RewardServiceError) as error:  # each says what to do
+    except (ValueError, FileNotFoundError, CorpusServerError, StoreError, RewardServiceError,
+            NoWorkersLeft) as error:  # each says what to do
         print(f"turnstile train: {error}")
         return 1
     print(f"done: {state.step} steps, weights version {state.weights_version}")
