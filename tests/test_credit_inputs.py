@@ -13,8 +13,8 @@ import pytest
 from cluster.commands import credit as credit_command
 from learner.credit import ESTIMATORS, build_estimator, estimator_class, group_by_uid, read_trajectories
 
-GOOD = {"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "v": -2.0, "score": 1.8},
-                                             {"tool": None, "v": -1.0, "score": 2.0}]}
+GOOD = {"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "ig_value": -2.0, "step_score": 1.8},
+                                             {"tool": None, "ig_value": -1.0, "step_score": 2.0}]}
 
 
 class Credit(Protocol):
@@ -53,7 +53,7 @@ def test_missing_turn_field_names_line_turn_and_field(credit: Credit) -> None:
     assert code == 1 and "line 1, turn 1: missing field 'tool'" in printed
 
 
-@pytest.mark.parametrize(("estimator", "field"), [("igpo", "v"), ("abc_grpo", "score")])
+@pytest.mark.parametrize(("estimator", "field"), [("igpo", "ig_value"), ("abc_grpo", "step_score")])
 def test_field_an_estimator_needs_is_named(estimator: str, field: str, credit: Credit) -> None:
     broken = dict(GOOD, turns=[without(turn, field) for turn in GOOD["turns"]])
     code, printed, _ = credit([json.dumps(GOOD), "", json.dumps(broken)], "--estimator", estimator)
@@ -82,16 +82,16 @@ def test_bad_values_name_line_and_field(line: str, message: str, credit: Credit)
 
 @pytest.mark.parametrize("estimator", ESTIMATORS.names())
 @pytest.mark.parametrize(("line", "message"), [
-    ('{"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "v": NaN, "score": 1.8}, '
-     '{"tool": null, "v": -1.0, "score": 2.0}]}',
-     "line 2, turn 0: field 'v' must be a finite number, got NaN"),
-    ('{"uid": "q", "outcome": 1.0, "note": Infinity, "turns": [{"tool": null, "v": -1.0, "score": 2.0}]}',
+    ('{"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "ig_value": NaN, "step_score": 1.8}, '
+     '{"tool": null, "ig_value": -1.0, "step_score": 2.0}]}',
+     "line 2, turn 0: field 'ig_value' must be a finite number, got NaN"),
+    ('{"uid": "q", "outcome": 1.0, "note": Infinity, "turns": [{"tool": null, "ig_value": -1.0, "step_score": 2.0}]}',
      "line 2: field 'note' must be a finite number, got Infinity"),
-    ('{"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "v": -2.0, "score": 1.8}, '
-     '{"tool": null, "v": -1.0, "score": 2.0, "debug": {"logprobs": [-1.0, -Infinity]}}]}',
+    ('{"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "ig_value": -2.0, "step_score": 1.8}, '
+     '{"tool": null, "ig_value": -1.0, "step_score": 2.0, "debug": {"logprobs": [-1.0, -Infinity]}}]}',
      "line 2, turn 1: field 'debug.logprobs[1]' must be a finite number, got -Infinity"),
-    ('{"uid": "q", "outcome": 1.0, "turns": [{"tool": null, "v": -1.0, "score": 1e999}]}',
-     "line 2, turn 0: field 'score' must be a finite number, got Infinity"),
+    ('{"uid": "q", "outcome": 1.0, "turns": [{"tool": null, "ig_value": -1.0, "step_score": 1e999}]}',
+     "line 2, turn 0: field 'step_score' must be a finite number, got Infinity"),
 ])
 def test_non_finite_numbers_are_refused_in_any_field_by_every_estimator(
         estimator: str, line: str, message: str, credit: Credit) -> None:
@@ -104,16 +104,16 @@ def test_non_finite_numbers_are_refused_in_any_field_by_every_estimator(
     assert not out.exists()
 
 
-def test_v_null_on_some_turns_only_is_an_error(credit: Credit) -> None:
-    mixed = dict(GOOD, turns=[dict(GOOD["turns"][0], v=None), GOOD["turns"][1]])
+def test_ig_value_null_on_some_turns_only_is_an_error(credit: Credit) -> None:
+    mixed = dict(GOOD, turns=[dict(GOOD["turns"][0], ig_value=None), GOOD["turns"][1]])
     code, printed, _ = credit([json.dumps(mixed)], "--estimator", "igpo")
-    assert code == 1 and "line 1: field 'v' is null on some turns" in printed
+    assert code == 1 and "line 1: field 'ig_value' is null on some turns" in printed
 
 
-def test_v_null_on_every_turn_turns_information_gain_off(
+def test_ig_value_null_on_every_turn_turns_information_gain_off(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     source = tmp_path / "in.jsonl"
-    off = dict(GOOD, turns=[dict(turn, v=None) for turn in GOOD["turns"]])
+    off = dict(GOOD, turns=[dict(turn, ig_value=None) for turn in GOOD["turns"]])
     source.write_text(json.dumps(GOOD) + "\n" + json.dumps(off) + "\n")
     with caplog.at_level(logging.WARNING):
         [credit] = build_estimator("igpo").assign(group_by_uid(read_trajectories(source))).groups
@@ -164,3 +164,33 @@ def test_missing_input_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
                               "--out", str(tmp_path / "out.jsonl")])
     assert credit_command.run(args) == 1
     assert "absent.jsonl: no such file" in capsys.readouterr().out
+
+
+def test_a_scored_rollout_file_is_a_turn_record_file(tmp_path: Path) -> None:
+    # One trajectory format: `turnstile credit` reads the rollout's own lines (turns inside
+    # segments, stop_reason, the same field names) and gives what credit on the objects gives.
+    from learner.credit import build_estimator
+    from learner.credit.assign import assign_credit
+    from learner.credit.records import credited_records, group_by_uid, read_trajectories
+    from rollout.trajectory import Segment, StopReason, Trajectory, Turn, save_trajectories
+
+    def episode(sample: int, outcome: float, answered: bool) -> Trajectory:
+        turns = [Turn(index=i, response_ids=[1], response_logprobs=[0.0], weights_version=0, context_len=1,
+                      finish_reason="stop", action=action, tool=tool, format_ok=True, ig_value=value)
+                 for i, (action, tool, value) in enumerate([("tool_call", "search", -2.0), ("tool_call", "visit", -1.5),
+                                                           ("answer", "search", -0.5)])]
+        return Trajectory(uid="g", sample=sample, task_id="t", question="q?", answers=["a"], outcome=outcome,
+                          segments=[Segment(prompt_ids=[0], turns=turns[:2]), Segment(prompt_ids=[0], turns=turns[2:])],
+                          stop_reason=StopReason.ANSWERED if answered else StopReason.NO_ANSWER)
+
+    rolled = [episode(0, 1.0, True), episode(1, 0.0, True), episode(2, 0.0, False)]
+    save_trajectories(rolled, tmp_path / "scored.jsonl")
+    estimator = build_estimator("igpo")
+    assign_credit(rolled, estimator)
+    groups = group_by_uid(read_trajectories(tmp_path / "scored.jsonl"))
+    assert [t.answered for t in groups[0].trajectories] == [True, True, False]
+    assert [turn.tool for turn in groups[0].trajectories[0].turns] == ["search", "visit", None]
+    written = credited_records(groups, estimator.assign(groups).groups)
+    assert [[turn["advantage"] for segment in row["segments"] for turn in segment["turns"]] for row in written] == \
+        [[turn.advantage for turn in t.turns] for t in rolled]
+    assert "turns" not in written[0] and [len(segment["turns"]) for segment in written[0]["segments"]] == [2, 1]

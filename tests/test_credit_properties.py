@@ -37,8 +37,8 @@ def trajectory_objects(draw: st.DrawFn, uid: str = "q") -> dict:
         turns.append({
             "tool": None if final or not format_ok else draw(TOOLS),
             "format_ok": format_ok,
-            "v": draw(st.floats(-12.0, 0.0)),
-            "score": draw(st.floats(0.0, 2.0)),
+            "ig_value": draw(st.floats(-12.0, 0.0)),
+            "step_score": draw(st.floats(0.0, 2.0)),
         })
     return {"uid": uid, "outcome": draw(st.sampled_from([0.0, 1.0]) | st.floats(0.0, 1.0)),
             "answered": draw(st.booleans()) if draw(st.integers(0, 4)) == 0 else True, "turns": turns}
@@ -87,7 +87,7 @@ def test_a_group_with_equal_rewards_gets_zero_advantages(
     for obj in objects:
         obj["outcome"], obj["answered"] = outcome, True
         for turn in obj["turns"]:
-            turn["score"], turn["format_ok"] = score, True
+            turn["step_score"], turn["format_ok"] = score, True
     group = group_of(objects)
     for name in ("grpo", "gspo_round", "abc_grpo"):
         assert all(a == 0.0 for row in advantages(build_estimator(name), group) for a in row), name

@@ -1,8 +1,7 @@
 """Credit assignment on the rollout's own trajectories, and the broadcast to tokens.
 
 The estimators read framework-independent turn records (``records.py``). This module makes those
-records from :class:`rollout.trajectory.Trajectory` objects (``v`` ← ``ig_value``, ``score`` ←
-``step_score``), writes the estimator's per-turn credit back onto the trajectories' turns, and turns
+records from :class:`rollout.trajectory.Trajectory` objects (the same field names), writes the estimator's per-turn credit back onto the trajectories' turns, and turns
 a segment's turn advantages into per-token advantages: every response token carries its turn's
 advantage, prompt and observation tokens carry 0 (and are masked out of the loss).
 """
@@ -24,9 +23,9 @@ def turn_record(trajectory: Trajectory, line: int) -> dict[str, object]:
     turns = []
     for turn in trajectory.turns:
         record: dict[str, object] = {"tool": turn.tool if turn.action == "tool_call" else None,
-                                     "format_ok": turn.format_ok, "v": turn.ig_value}
+                                     "format_ok": turn.format_ok, "ig_value": turn.ig_value}
         if turn.step_score is not None:
-            record["score"] = turn.step_score
+            record["step_score"] = turn.step_score
         turns.append(record)
     return {"uid": trajectory.uid, "outcome": trajectory.outcome, "answered": trajectory.answered,
             "turns": turns, "line": line}

@@ -114,7 +114,7 @@ class AbcGrpo(Estimator):
 
 def _step_scores(trajectory: Trajectory) -> list[float]:
     values = trajectory.turn_numbers(
-        "score", why="abc_grpo needs the clue step score of every turn; run the step-score reward first")
+        "step_score", why="abc_grpo needs the clue step score of every turn; run the step-score reward first")
     scores = [value for value in values if value is not None]
     if len(scores) != len(values):
         raise CreditInputError(f"line {trajectory.line}: 'score' is null; abc_grpo has no reward without "

@@ -147,7 +147,7 @@ class Igpo(Estimator):
 
     def _information_gain(self, trajectory: Trajectory) -> list[float | None]:
         values = trajectory.turn_numbers(
-            "v", why="igpo needs the information-gain value measured before every turn; run the "
+            "ig_value", why="igpo needs the information-gain value measured before every turn; run the "
                      "information-gain reward first, or use grpo")
         if values[0] is None:  # then every value is: the gold answer had no tokens (§4)
             log.warning("line %d: v is null on every turn; information gain is off for this "

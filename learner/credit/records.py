@@ -4,11 +4,13 @@ One trajectory per JSONL line, only what credit assignment needs, so that an est
 and checked on a hand-written file without the rollout's token-level trajectory format::
 
     {"uid": "q17", "outcome": 1.0, "answered": true,
-     "turns": [{"tool": "search", "format_ok": true, "v": -2.5, "score": 1.8}, ...]}
+     "turns": [{"tool": "search", "format_ok": true, "ig_value": -2.5, "step_score": 1.8}, ...]}
 
-``answered`` and ``format_ok`` default to true; ``v`` (the information-gain value measured before
-the turn, docs/algorithms.md §4) and ``score`` (the clue step score, §6) are read by the estimators that
-need them. Every other field, of the trajectory or of a turn, is kept and written back unchanged;
+``answered`` and ``format_ok`` default to true; ``ig_value`` (the information-gain value measured
+before the turn, docs/algorithms.md §4) and ``step_score`` (the clue step score, §6) are read by the
+estimators that need them. The names are the rollout trajectory's own (``rollout/trajectory.py``),
+and a trajectory line (``docs/trajectory.md``: turns inside ``segments``, ``stop_reason``) is read as
+its record, so a scored rollout file is a turn-record file too. Every other field, of the trajectory or of a turn, is kept and written back unchanged;
 the estimator adds ``advantage`` and ``reward`` (and its own fields) to every turn. Every number in
 the file, in any field, must be finite: JSON has no ``NaN`` or ``Infinity``, and neither is written.
 """
@@ -169,12 +171,23 @@ def trajectory_from_object(obj: object, line: int) -> Trajectory:
     if not isinstance(uid, str) or not uid:
         raise CreditInputError(f"{where}: field 'uid' must be a non-empty string (the group id)")
     outcome = _finite(_required(obj, "outcome", where), where, "outcome")
-    answered = _boolean(obj.get("answered", True), where, "answered")
-    raw_turns = _required(obj, "turns", where)
+    default_answered = obj.get("stop_reason", "answered") == "answered"  # a trajectory line says so
+    answered = _boolean(obj.get("answered", default_answered), where, "answered")
+    raw_turns = _segment_turns(obj, where) if "turns" not in obj and "segments" in obj \
+        else _required(obj, "turns", where)
     if not isinstance(raw_turns, list) or not raw_turns:
         raise CreditInputError(f"{where}: field 'turns' must be a non-empty list of turn objects")
     turns = tuple(_turn(raw, index, where) for index, raw in enumerate(raw_turns))
     return Trajectory(line=line, uid=uid, outcome=outcome, answered=answered, turns=turns, fields=obj)
+
+
+def _segment_turns(obj: dict[str, object], where: str) -> list[object]:
+    """The turns of a rollout trajectory line, across its segments, in order."""
+    segments = obj["segments"]
+    if not isinstance(segments, list) or not all(
+            isinstance(segment, dict) and isinstance(segment.get("turns"), list) for segment in segments):
+        raise CreditInputError(f"{where}: field 'segments' must be a list of objects with 'turns' lists")
+    return [turn for segment in segments for turn in segment["turns"]]  # type: ignore[index]
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
@@ -210,7 +223,12 @@ def credited_records(groups: Sequence[Group], credit: Sequence[GroupCredit]) -> 
                 written.update(turn_credit.extras)
                 turns.append(written)
             record = dict(trajectory.fields)
-            record["turns"] = turns
+            if "turns" in record or "segments" not in record:
+                record["turns"] = turns
+            else:  # a trajectory line: each turn back in its segment
+                written_turns = iter(turns)
+                record["segments"] = [{**segment, "turns": [next(written_turns) for _ in segment["turns"]]}
+                                      for segment in record["segments"]]  # type: ignore[union-attr]
             rows.append((trajectory.line, record))
     return [record for _, record in sorted(rows, key=lambda row: row[0])]
 
@@ -237,6 +255,8 @@ def _turn(raw: object, index: int, where: str) -> Turn:
     if tool is not None and not isinstance(tool, str):
         raise CreditInputError(f"{where}: field 'tool' must be a tool name or null (answer or "
                                f"malformed turn), got {tool!r}")
+    if raw.get("action", "tool_call") != "tool_call":  # a trajectory line's answer or malformed turn
+        tool = None
     format_ok = _boolean(raw.get("format_ok", True), where, "format_ok")
     return Turn(index=index, tool=tool, format_ok=format_ok, fields=raw)
 
