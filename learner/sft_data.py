@@ -178,7 +178,7 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
-class Turn:
+class TranscriptTurn:
     """One assistant message and the messages that answer it (normally its one tool response)."""
 
     text: str
@@ -188,11 +188,14 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class ChatTrajectory:
+class Transcript:
+    """One input row as a chat transcript: not a rollout :class:`~rollout.trajectory.Trajectory`
+    (no token ids, no rewards) but text from another agent's run, cleaned into SFT rows here."""
+
     line: int
     question: str
     today: str | None  # the date the source's system prompt gave, kept for the new one
-    turns: tuple[Turn, ...]
+    turns: tuple[TranscriptTurn, ...]
     reference: tuple[str, ...]
     stray_messages: int = 0  # messages that belong to no turn (step 4 rejects the row)
 
@@ -279,7 +282,7 @@ _NO_RESULTS = re.compile(r"^No results found for '(?P<query>.*)'")
 _HIT = re.compile(r"^\d+\. \[(?P<title>.*)\]\((?P<url>\S*)\)$")
 
 
-def align(raw: RawRow, events: Counter[str]) -> ChatTrajectory | Dropped:
+def align(raw: RawRow, events: Counter[str]) -> Transcript | Dropped:
     """Step 1: the question out of its prompt, tool calls in the §1 schema, search results in the
     search tool's format. The system prompt itself is rebuilt when the row is written (so the
     row's own tool schemas go); where they named the search parameter otherwise than the calls
@@ -295,7 +298,7 @@ def align(raw: RawRow, events: Counter[str]) -> ChatTrajectory | Dropped:
     question = question_of(rest[0][1]) if rest and rest[0][0] == "user" else None
     if question is None:
         return Dropped("no user question")
-    turns: list[Turn] = []
+    turns: list[TranscriptTurn] = []
     raw_calls: list[ToolCall] = []  # the calls as the source wrote them, before normalise_call
     stray = 0
     for role, content in rest[1:]:
@@ -312,7 +315,7 @@ def align(raw: RawRow, events: Counter[str]) -> ChatTrajectory | Dropped:
     turns = [_with_normalised_search(turn, events) for turn in turns]
     prompts = [text for _, text in chat[:leading]] + [rest[0][1]]
     count_schema_mismatches(declared_parameters(raw.fields, prompts), raw_calls, events)
-    return ChatTrajectory(raw.line, question, dates[-1] if dates else None, tuple(turns),
+    return Transcript(raw.line, question, dates[-1] if dates else None, tuple(turns),
                           reference_answers(raw.fields.get("answer")), stray)
 
 
@@ -412,7 +415,7 @@ def schema_mismatch_lines(events: Counter[str]) -> list[str]:
     return lines or ["schema/call mismatches handled: 0 rows"]
 
 
-def _aligned_turn(text: str, events: Counter[str], raw_calls: list[ToolCall]) -> Turn:
+def _aligned_turn(text: str, events: Counter[str], raw_calls: list[ToolCall]) -> TranscriptTurn:
     text = strip_stop(text)
     split = text.rfind(THINK_CLOSE) + len(THINK_CLOSE) if THINK_CLOSE in text else 0
     calls: list[ToolCall] = []
@@ -431,7 +434,7 @@ def _aligned_turn(text: str, events: Counter[str], raw_calls: list[ToolCall]) ->
         return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
 
     action = _CALL_BLOCK.sub(canonical, text[split:])
-    return Turn(text[:split] + action, (), tuple(calls), broken)
+    return TranscriptTurn(text[:split] + action, (), tuple(calls), broken)
 
 
 def parse_call(body: str) -> ToolCall | None:
@@ -457,7 +460,7 @@ def normalise_call(call: ToolCall, events: Counter[str]) -> ToolCall:
     return ToolCall(call.name, arguments)
 
 
-def _with_normalised_search(turn: Turn, events: Counter[str]) -> Turn:
+def _with_normalised_search(turn: TranscriptTurn, events: Counter[str]) -> TranscriptTurn:
     if not any(call.name == "search" for call in turn.calls):
         return turn
     responses = []
@@ -507,7 +510,7 @@ def normalise_search_results(text: str) -> str | None:
 
 # ---- steps 2 and 3: allowed tools, repeated calls -------------------------------------------------
 
-def keep_allowed_tools(row: ChatTrajectory, allowed: Sequence[str], events: Counter[str]) -> ChatTrajectory:
+def keep_allowed_tools(row: Transcript, allowed: Sequence[str], events: Counter[str]) -> Transcript:
     """Step 2: a turn calling a tool outside ``allowed`` goes, with its tool responses."""
     kept = [turn for turn in row.turns if all(call.name in allowed for call in turn.calls)]
     events[DISALLOWED_TURNS] += len(row.turns) - len(kept)
@@ -525,7 +528,7 @@ def call_signature(call: ToolCall) -> tuple[str, ...]:
     return (call.name, *sorted({str(item).strip() for item in items}))
 
 
-def remove_repeated_calls(row: ChatTrajectory, events: Counter[str]) -> ChatTrajectory:
+def remove_repeated_calls(row: Transcript, events: Counter[str]) -> Transcript:
     """Step 3: a turn whose every call was already made by a kept earlier turn goes, with its
     responses. Turns without a call (the answer) and turns with a broken call always stay."""
     seen: set[tuple[str, ...]] = set()
@@ -543,7 +546,7 @@ def remove_repeated_calls(row: ChatTrajectory, events: Counter[str]) -> ChatTraj
 
 # ---- step 4: structure ----------------------------------------------------------------------------
 
-def check_structure(row: ChatTrajectory, tools: dict[str, Tool]) -> ChatTrajectory | Dropped:
+def check_structure(row: Transcript, tools: dict[str, Tool]) -> Transcript | Dropped:
     """Step 4 (§1): think then exactly one well-formed tool call per turn, each answered by exactly
     one tool response, arguments the tool accepts, and a final well-formed answer turn."""
     if row.stray_messages:
@@ -565,7 +568,7 @@ def check_structure(row: ChatTrajectory, tools: dict[str, Tool]) -> ChatTrajecto
     return row
 
 
-def _tool_turn_problem(turn: Turn, tools: dict[str, Tool]) -> str | None:
+def _tool_turn_problem(turn: TranscriptTurn, tools: dict[str, Tool]) -> str | None:
     parsed = parse_turn(turn.text)
     if parsed.kind is TurnKind.ANSWER:
         return "answer before the last turn"
@@ -583,15 +586,15 @@ def _tool_turn_problem(turn: Turn, tools: dict[str, Tool]) -> str | None:
 
 # ---- step 5: the answer ---------------------------------------------------------------------------
 
-def final_answer(row: ChatTrajectory) -> str:
+def final_answer(row: Transcript) -> str:
     return parse_turn(row.turns[-1].text).answer or ""
 
 
-async def answer_verdicts(rows: Sequence[ChatTrajectory], client: ChatClient | None) -> list[str]:
+async def answer_verdicts(rows: Sequence[Transcript], client: ChatClient | None) -> list[str]:
     """Per row: EXACT_MATCH (never judged), else the judge's verdict (JUDGE_ACCEPTED, JUDGE_REJECTED,
     JUDGE_UNREADABLE) when there is a judge and a reference, else UNVERIFIED."""
 
-    async def verdict(row: ChatTrajectory) -> str:
+    async def verdict(row: Transcript) -> str:
         answer = final_answer(row)
         if answer_matches(answer, row.reference):
             return EXACT_MATCH
@@ -606,7 +609,7 @@ async def answer_verdicts(rows: Sequence[ChatTrajectory], client: ChatClient | N
     return list(await asyncio.gather(*(verdict(row) for row in rows)))
 
 
-async def _judged(rows: Sequence[ChatTrajectory], config: CleanConfig) -> list[str]:
+async def _judged(rows: Sequence[Transcript], config: CleanConfig) -> list[str]:
     client = ChatClient(config.judge) if config.judge is not None else None
     try:
         return await answer_verdicts(rows, client)
@@ -615,8 +618,8 @@ async def _judged(rows: Sequence[ChatTrajectory], config: CleanConfig) -> list[s
             await client.aclose()
 
 
-def keep_accepted(rows: Sequence[ChatTrajectory], verdicts: Sequence[str], require_correct: bool,
-                  step: StepCount) -> list[ChatTrajectory]:
+def keep_accepted(rows: Sequence[Transcript], verdicts: Sequence[str], require_correct: bool,
+                  step: StepCount) -> list[Transcript]:
     """Step 5: exact matches and judge-accepted rows stay; unverified ones unless ``require_correct``."""
     kept = []
     for row, verdict in zip(rows, verdicts, strict=True):
@@ -662,7 +665,7 @@ class _NoSearch:
         return None
 
 
-def training_row(row: ChatTrajectory, tool_schemas: Sequence[JsonObject]) -> JsonObject:
+def training_row(row: Transcript, tool_schemas: Sequence[JsonObject]) -> JsonObject:
     messages: list[JsonValue] = [
         {"role": "system", "content": system_prompt(tool_schemas, row.today)},
         {"role": "user", "content": row.question},
@@ -697,7 +700,7 @@ def clean_file(source: Path, target: Path, config: CleanConfig,
     align_step, tools_step, repeats_step, structure_step, answer_step, resample_step = steps
     tools = tool_set(config)
     unreadable: list[str] = []
-    survivors: list[ChatTrajectory] = []
+    survivors: list[Transcript] = []
     formats: Counter[str] = Counter()
     rows_read = 0
     for item in read_rows(source, config.input_format):
@@ -708,7 +711,7 @@ def clean_file(source: Path, target: Path, config: CleanConfig,
             unreadable.append(f"{source}:{item.line}: {item.reason}")
             continue
         formats[item.input_format] += 1
-        result: ChatTrajectory | Dropped = align(item, align_step.events)
+        result: Transcript | Dropped = align(item, align_step.events)
         align_step.record(result)
         if isinstance(result, Dropped):
             continue

@@ -36,7 +36,7 @@ from learner.sft_data import (
     SCHEMA_MISMATCHES,
     SEARCH_NORMALISED,
     SEARCH_UNRECOGNISED,
-    ChatTrajectory,
+    Transcript,
     CleanConfig,
     Dropped,
     RawRow,
@@ -108,9 +108,9 @@ def raw_row(*turns: list[Message], answer: object = "Paris", line: int = 1,
     return RawRow(line, fields)  # type: ignore[arg-type]
 
 
-def aligned(*turns: list[Message], answer: object = "Paris") -> ChatTrajectory:
+def aligned(*turns: list[Message], answer: object = "Paris") -> Transcript:
     row = align(raw_row(*turns, answer=answer), Counter())
-    assert isinstance(row, ChatTrajectory)
+    assert isinstance(row, Transcript)
     return row
 
 
@@ -137,7 +137,7 @@ def test_align_renames_queries_and_wraps_a_bare_query() -> None:
     events: Counter[str] = Counter()
     row = align(raw_row(search_turn(["a", "b"], key="queries"), search_turn("c"),
                         search_turn(["d"]), answer_turn("Paris")), events)
-    assert isinstance(row, ChatTrajectory)
+    assert isinstance(row, Transcript)
     assert [call.arguments for turn in row.turns for call in turn.calls] == [
         {"query": ["a", "b"]}, {"query": ["c"]}, {"query": ["d"]}]
     assert events[QUERIES_RENAMED] == 1 and events[QUERY_WRAPPED] == 1
@@ -166,7 +166,7 @@ MISMATCH_EVENTS = (QUERIES_ROWS, QUERIES_CALLS, QUERY_ROWS, QUERY_CALLS)
 
 def mismatch_counts(row: RawRow) -> tuple[int, ...]:
     events: Counter[str] = Counter()
-    assert isinstance(align(row, events), ChatTrajectory)
+    assert isinstance(align(row, events), Transcript)
     return tuple(events[event] for event in MISMATCH_EVENTS)
 
 
@@ -187,7 +187,7 @@ def test_a_schema_naming_queries_while_the_calls_use_query_is_counted() -> None:
     events: Counter[str] = Counter()
     reverse = raw_row(search_turn(["a"], key="queries"), search_turn(["b"]), answer_turn("Paris"),
                       prompt=tools_prompt("query"), functions=webdancer_functions("query"))
-    assert isinstance(align(reverse, events), ChatTrajectory)
+    assert isinstance(align(reverse, events), Transcript)
     assert tuple(events[event] for event in MISMATCH_EVENTS) == (0, 0, 1, 1)
     assert events[QUERIES_RENAMED] == 1
 
@@ -219,7 +219,7 @@ def test_the_question_never_keeps_the_tool_list() -> None:
                    f"User: Who?\n{tools}",  # the question before the list
                    "User: Who?\n<tools>\nUser: a line of the list\n</tools>\n"):  # User: in it
         row = align(raw_row(answer_turn("x"), prompt=prompt, question=""), Counter())
-        assert isinstance(row, ChatTrajectory) and row.question == "Who?", prompt
+        assert isinstance(row, Transcript) and row.question == "Who?", prompt
     for prompt in ("User: Who?\n<tools>\n{", "</tools>\nUser: Who?"):  # half a list: unsure
         row = align(raw_row(answer_turn("x"), prompt=prompt, question=""), Counter())
         assert row == Dropped("no user question")
@@ -228,7 +228,7 @@ def test_the_question_never_keeps_the_tool_list() -> None:
 def test_align_rewrites_search_results_in_the_search_tool_format() -> None:
     events: Counter[str] = Counter()
     row = align(raw_row(search_turn(["eiffel tower", "louvre"]), answer_turn("Paris")), events)
-    assert isinstance(row, ChatTrajectory)
+    assert isinstance(row, Transcript)
     response = row.turns[0].responses[0]
     assert response.startswith("<tool_response>\nA search for 'eiffel tower' found 1 results:")
     assert "Google" not in response
@@ -261,7 +261,7 @@ def test_align_accepts_tool_role_responses() -> None:
         "url": "https://example.org", "goal": "g"}, "look")},
         {"role": "tool", "content": "page text"}]
     result = align(row, Counter())
-    assert isinstance(result, ChatTrajectory)
+    assert isinstance(result, Transcript)
     assert result.turns[0].responses == (render_tool_response("page text"),)
 
 
@@ -446,7 +446,7 @@ def test_resampling_reproduces_the_dr_venus_figures() -> None:
     middle_rows = rows_after - rows_before - 4 * long_rows
     short_rows = rows_before - middle_rows - long_rows
     assert min(short_rows, middle_rows) > 0
-    # Turn counts spread over each tier, its boundaries included.
+    # TranscriptTurn counts spread over each tier, its boundaries included.
     turns = ([1 + i % 50 for i in range(short_rows)] + [51 + i % 50 for i in range(middle_rows)]
              + [101 + i % 200 for i in range(long_rows)])
     step = StepCount("resample")
