@@ -23,6 +23,7 @@ import ray
 from tqdm import tqdm
 
 from cluster.dispatch import Dispatcher, Episode, WorkerPool
+from envs.corpus import CorpusConfig, corpus_documents
 from envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.env import env_class
@@ -36,7 +37,7 @@ from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
 from rollout.summary import RolloutSummary, summarize
 from rollout.trajectory import Trajectory, write_trajectory
-from rollout.workers import CorpusConfig, WorkerSpec, corpus_documents, start_workers
+from rollout.workers import WorkerSpec, start_workers
 
 log = logging.getLogger(__name__)
 

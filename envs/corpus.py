@@ -1,4 +1,6 @@
-"""The offline corpus file: one JSONL format read and written in one place.
+"""The corpus the agent searches and visits: which one (:class:`CorpusConfig`, :func:`corpus_documents`,
+used by the driver that serves it and by every rollout worker that indexes it), and the offline
+corpus file, one JSONL format read and written in one place.
 
 Each line is ``{"id", "title", "text"[, "url"][, "html"]}``. The local search index, the corpus
 server and the dataset converters (HotpotQA paragraphs) all use it. ``url`` may be left out: the
@@ -9,9 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs.search.base import Document
+from envs.synthetic.world import WorldConfig
 
 
 def read_corpus(path: str | Path, url_prefix: str | None = None,
@@ -76,3 +80,37 @@ def _document(line: str, url_prefix: str | None, require_url: bool) -> Document:
     if page is not None and not isinstance(page, str):
         raise ValueError('"html" must be a string when present')
     return Document(doc_id=str(doc_id), title=record["title"], text=record["text"], url=url, html=page)
+
+
+@dataclass
+class CorpusConfig:
+    """What the local search index covers and where its pages are served.
+
+    ``kind``: ``synthetic`` (the world of ``world``), ``jsonl`` (``path``, a corpus file), or
+    ``none`` (the search backend is remote: Serper or a retrieval server). ``base_url`` is filled by
+    the driver once the corpus server runs.
+    """
+
+    kind: str = "synthetic"
+    world: WorldConfig = field(default_factory=WorldConfig)
+    path: str = ""
+    host: str = "127.0.0.1"  # where the corpus server listens (0.0.0.0 on a multi-node cluster)
+    port: int = 0
+    base_url: str = ""
+
+
+def corpus_documents(corpus: CorpusConfig, base_url: str) -> list[Document]:
+    """The corpus' documents with the urls under which ``base_url`` serves them."""
+    if corpus.kind == "synthetic":
+        from envs.synthetic.render import world_documents
+        from envs.synthetic.world import generate_world
+
+        return world_documents(generate_world(corpus.world), base_url)
+    if corpus.kind == "jsonl":
+        from envs.corpus_server import page_path
+
+        return [Document(d.doc_id, d.title, d.text, base_url + page_path(d.doc_id), d.html)
+                for d in read_corpus(corpus.path)]
+    if corpus.kind == "none":
+        return []
+    raise ValueError(f"corpus.kind={corpus.kind!r} is not known; use synthetic, jsonl or none")

@@ -16,15 +16,12 @@ checkpoint, never the episode.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import ray
 
-from envs.corpus import read_corpus
-from envs.search.base import Document
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import WorldConfig, generate_world
+from envs.corpus import CorpusConfig, corpus_documents
 from envs.tasks import Task
 from envs.toolset import ToolsConfig, build_toolbox
 from rollout.chat import ChatFormat
@@ -35,37 +32,6 @@ from rollout.store import StoreDataLostError, StoreError, TrajectoryStore
 from rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class CorpusConfig:
-    """What the local search index covers and where its pages are served.
-
-    ``kind``: ``synthetic`` (the world of ``world``), ``jsonl`` (``path``, a corpus file), or
-    ``none`` (the search backend is remote: Serper or a retrieval server). ``base_url`` is filled by
-    the driver once the corpus server runs.
-    """
-
-    kind: str = "synthetic"
-    world: WorldConfig = field(default_factory=WorldConfig)
-    path: str = ""
-    host: str = "127.0.0.1"  # where the corpus server listens (0.0.0.0 on a multi-node cluster)
-    port: int = 0
-    base_url: str = ""
-
-
-def corpus_documents(corpus: CorpusConfig, base_url: str) -> list[Document]:
-    """The corpus' documents with the urls under which ``base_url`` serves them."""
-    if corpus.kind == "synthetic":
-        return world_documents(generate_world(corpus.world), base_url)
-    if corpus.kind == "jsonl":
-        from envs.corpus_server import page_path
-
-        return [Document(d.doc_id, d.title, d.text, base_url + page_path(d.doc_id), d.html)
-                for d in read_corpus(corpus.path)]
-    if corpus.kind == "none":
-        return []
-    raise ValueError(f"corpus.kind={corpus.kind!r} is not known; use synthetic, jsonl or none")
 
 
 @dataclass

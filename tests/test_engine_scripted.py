@@ -154,7 +154,7 @@ def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Pat
     from cluster.rollout import check_servable
     from envs.corpus_server import PAGE_PREFIX
     from envs.datasets.registry import DatasetConfig, load_tasks
-    from rollout.workers import CorpusConfig
+    from envs.corpus import CorpusConfig
 
     corpus = CorpusConfig(kind="synthetic", base_url="http://127.0.0.1:9")
     prefix = corpus.base_url + PAGE_PREFIX
