@@ -161,12 +161,17 @@ def test_registry_lists_builtin_backends() -> None:
 
 
 def test_unknown_backend_names_the_choices() -> None:
-    with pytest.raises(ValueError, match="search.backend"):
+    with pytest.raises(ValueError, match="unknown search.backend 'bing'; known: local, retrieval, serper"):
         build_search_backend(SearchConfig(backend="bing"))
 
 
+def test_a_users_backend_by_import_path() -> None:
+    backend = build_search_backend(SearchConfig(backend="tests.user_plugins:one_page_search"))
+    assert isinstance(backend, SearchBackend)
+
+
 def test_registered_backend_is_built_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(search_tool, "_BACKENDS", dict(search_tool._BACKENDS))  # leave no test plugin behind
+    monkeypatch.setattr(search_tool.SEARCH_BACKENDS, "_registered", dict(search_tool.SEARCH_BACKENDS._registered))  # leave no test plugin behind
     backend = ScriptedBackend({})
 
     @register_search_backend("scripted-for-test")
@@ -174,7 +179,7 @@ def test_registered_backend_is_built_by_name(monkeypatch: pytest.MonkeyPatch) ->
         return backend
 
     assert build_search_backend(SearchConfig(backend="scripted-for-test")) is backend
-    with pytest.raises(ValueError, match="registered twice"):
+    with pytest.raises(ValueError, match="already registered"):
         register_search_backend("scripted-for-test")(lambda cfg: backend)
 
 

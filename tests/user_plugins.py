@@ -14,6 +14,7 @@ from envs.plugins import typed_options
 from envs.env import Env, EnvConfig, Message, StepInfo, StepResult
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, StopReason, TurnKind, parse_turn
 from envs.tasks import Task
+from envs.search.base import SearchHit
 from envs.tools.toolbox import Toolbox
 from learner.credit.records import Group, TurnCredit
 from learner.credit.registry import CreditResult, Estimator
@@ -191,3 +192,17 @@ class PolicyScore(RewardPlugin):
 
     async def score(self, trajectory: Trajectory, task: Task) -> None:  # noqa: ARG002
         trajectory.outcome = 0.0
+
+
+class OnePageSearch:
+    """A search backend that always finds the same page."""
+
+    async def search(self, query: str, top_k: int) -> list[SearchHit]:  # noqa: ARG002
+        return [SearchHit(title="The page", url="http://127.0.0.1:9/page", snippet=f"about {query}")][:top_k]
+
+    async def aclose(self) -> None:
+        return None
+
+
+def one_page_search(config: object) -> OnePageSearch:  # noqa: ARG001 - a search backend factory
+    return OnePageSearch()

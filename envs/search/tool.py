@@ -5,8 +5,11 @@ string, or the key ``queries`` used by some public trajectories, are accepted), 
 concurrently, and the observation lists each query's hits as markdown links with snippets, in the
 format of the Tongyi DeepResearch family so that public checkpoints read it unchanged.
 
-Backends are chosen by name in ``SearchConfig.backend``; a new one registers itself with
-``@register_search_backend("name")`` and is built by :func:`build_search_backend`.
+Backends are chosen in ``SearchConfig.backend`` through :data:`SEARCH_BACKENDS`, the project's one
+plugin mechanism (``envs/plugins.py``): a built-in name (``local``, ``serper``, ``retrieval``,
+registered with ``@register_search_backend("name")``), an entry point of the group
+``turnstile.search_backends``, or ``package.module:factory``; a factory takes the search config and
+returns a :class:`~envs.search.base.SearchBackend`. :func:`build_search_backend` builds it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from envs.plugins import Registry
 from envs.search.base import Document, SearchBackend, SearchHit
 from envs.search.local import LocalIndex, LocalIndexConfig
 from envs.search.retrieval import RetrievalServerConfig, RetrievalServerSearch
@@ -41,23 +45,17 @@ class SearchConfig:
 
 
 SearchBackendFactory = Callable[[SearchConfig], SearchBackend]
-_BACKENDS: dict[str, SearchBackendFactory] = {}
+SEARCH_BACKENDS: Registry[SearchBackendFactory] = Registry(
+    "search.backend", "turnstile.search_backends", error=ValueError, expected="a search backend factory")
 
 
 def register_search_backend(name: str) -> Callable[[SearchBackendFactory], SearchBackendFactory]:
     """Register a function building a backend from the search config under ``name``."""
-
-    def register(factory: SearchBackendFactory) -> SearchBackendFactory:
-        if name in _BACKENDS and _BACKENDS[name] is not factory:
-            raise ValueError(f"search backend {name!r} is registered twice: rename one of them")
-        _BACKENDS[name] = factory
-        return factory
-
-    return register
+    return SEARCH_BACKENDS.register(name)
 
 
 def search_backend_names() -> list[str]:
-    return sorted(_BACKENDS)
+    return SEARCH_BACKENDS.names()
 
 
 def build_search_backend(cfg: SearchConfig, documents: Sequence[Document] | None = None) -> SearchBackend:
@@ -68,10 +66,7 @@ def build_search_backend(cfg: SearchConfig, documents: Sequence[Document] | None
     """
     if documents is not None:
         return LocalIndex.from_documents(documents, engine=cfg.local.engine)
-    if cfg.backend not in _BACKENDS:
-        raise ValueError(f"unknown search backend {cfg.backend!r}: set search.backend to one of "
-                         f"{search_backend_names()}")
-    return _BACKENDS[cfg.backend](cfg)
+    return SEARCH_BACKENDS.load(cfg.backend)(cfg)
 
 
 @register_search_backend("local")

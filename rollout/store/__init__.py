@@ -10,8 +10,7 @@ items on a restart (``tests/test_store_durability.py`` kills and restarts real s
 
 from __future__ import annotations
 
-import importlib
-
+from envs.plugins import Registry
 from rollout.store.base import (
     FINISHED,
     SCORED,
@@ -24,12 +23,12 @@ from rollout.store.base import (
     TrajectoryStore,
     without_password,
 )
-# A backend's module is imported when a config names it (the memory store imports Ray): reading a
-# config, or the contract, stays cheap.
-STORE_BACKENDS: dict[str, str] = {
-    "memory": "rollout.store.memory:MemoryTrajectoryStore",
-    "redis": "rollout.store.redis:RedisTrajectoryStore",
-}
+# The built-in backends are entry points (pyproject.toml, group turnstile.stores), imported when a
+# config names one (the memory store imports Ray): reading a config, or the contract, stays cheap.
+# Another package's store is an entry point of its own, or store.kind=package.module:Class.
+STORES: Registry[type[TrajectoryStore]] = Registry(
+    "store.kind", "turnstile.stores", error=ValueError, expected="a TrajectoryStore class",
+    accepts=lambda found: isinstance(found, type) and issubclass(found, TrajectoryStore))
 
 
 def build_store(config: StoreConfig) -> TrajectoryStore:
@@ -47,17 +46,13 @@ def check_durability(config: StoreConfig) -> None:
 
 
 def _backend(config: StoreConfig) -> type[TrajectoryStore]:
-    if config.kind not in STORE_BACKENDS:
-        known = ", ".join(sorted(STORE_BACKENDS))
-        raise ValueError(f"store.kind={config.kind!r} is not known; use one of: {known}")
-    module, _, name = STORE_BACKENDS[config.kind].partition(":")
-    return getattr(importlib.import_module(module), name)
+    return STORES.load(config.kind)
 
 
 __all__ = [
     "FINISHED",
     "SCORED",
-    "STORE_BACKENDS",
+    "STORES",
     "Claimed",
     "StoreConfig",
     "StoreDataLostError",
