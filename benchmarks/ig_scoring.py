@@ -5,8 +5,8 @@ aggregation question (100+ members, about two tool calls each) through the episo
 real search tool over the world's pages and a visit tool that returns each page's text from
 memory (what the real visit tool extracts, without an HTTP server); ``max_turns`` cuts the episode
 at 50, 100 or 200 turns with the forced final answer. Then it scores ``v_s`` at every turn of each
-trajectory on the default tiny model with :class:`~rewards.ig_scoring.HFInformationGainScorer`,
-and with :class:`~rewards.ig_scoring.PerPrefixScorer` (a full forward per boundary).
+trajectory on the default tiny model with :class:`~rewards.information_gain.scorers.HFInformationGainScorer`,
+and with :class:`~rewards.information_gain.scorers.PerPrefixScorer` (a full forward per boundary).
 
 The naive scorer needs ``Σ_s prefix_s`` token forwards (about an hour on 2 CPU cores at 200
 turns), so by default it is timed on ``--naive-samples`` boundaries evenly spaced over the
@@ -37,8 +37,8 @@ from envs.synthetic.world import WorldConfig, generate_world
 from envs.tasks import Task
 from envs.tools.base import JsonObject, ToolError
 from envs.tools.toolbox import Toolbox
-from rewards.ig_scoring import HFInformationGainScorer, PerPrefixScorer
-from rewards.information_gain import SegmentBoundaries, segment_boundaries
+from rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
+from rewards.information_gain.values import SegmentBoundaries, segment_boundaries
 from rollout.chat import ChatFormat
 from rollout.context import ContextConfig, build_context_manager
 from rollout.engines.scripted import ScriptedEngine

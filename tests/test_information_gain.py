@@ -2,7 +2,7 @@
 
 Trajectories come from the episode loop with the real search tool over the synthetic world and the
 in-memory visit tool of ``tests/test_episode.py``. The reference for every value is
-:class:`~rewards.ig_scoring.PerPrefixScorer` (a full forward per boundary); the KV-cached scorer and
+:class:`~rewards.information_gain.scorers.PerPrefixScorer` (a full forward per boundary); the KV-cached scorer and
 the engine scorers must equal it within 1e-4. The vLLM comparison is an integration test (one vLLM
 engine for the module): ``pytest -m integration tests/test_information_gain.py``.
 """
@@ -32,8 +32,8 @@ from envs.tasks import Task
 from envs.tools.toolbox import Toolbox
 from learner.credit import IgpoOptions, build_estimator
 from learner.credit.assign import assign_credit
-from rewards.ig_scoring import HFInformationGainScorer, PerPrefixScorer
-from rewards.information_gain import (
+from rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
+from rewards.information_gain.values import (
     LEAD_TEXT,
     TAIL_TEXT,
     EngineGoldScorer,
@@ -226,7 +226,7 @@ async def test_a_gold_answer_without_tokens_disables_ig(
         replace(segment, turns=[replace(turn, ig_value=-1.0) for turn in segment.turns])
         for segment in mono.segments])
     scorer = CountingScorer(HFInformationGainScorer(model))
-    with caplog.at_level(logging.WARNING, logger="rewards.information_gain"):
+    with caplog.at_level(logging.WARNING, logger="rewards.information_gain.values"):
         assert await information_gain_values(trajectory, chat, scorer) is None
     assert scorer.calls == 0
     assert all(turn.ig_value is None for turn in trajectory.turns)
@@ -417,7 +417,7 @@ def _perturbed(scale: float) -> dict[str, torch.Tensor]:
 async def test_ig_scores_with_the_generating_version_or_the_closest_kept(mono: Trajectory,
                                                                           tmp_path: Path) -> None:
     from learner.publish import WeightsArchive
-    from rewards.ig_reward import InformationGain, InformationGainConfig
+    from rewards.information_gain.plugin import InformationGain, InformationGainConfig
     from rollout.model_store import closest_version, kept_versions
 
     archive = WeightsArchive(tmp_path / "weights", ensure_default_model(), keep=3)

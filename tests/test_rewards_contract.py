@@ -47,7 +47,7 @@ BUILTIN = {
     "llm_judge": "rewards.outcome:LlmJudge",
     "format": "rewards.format:FormatPenalty",
     "clue_steps": "rewards.clues:ClueSteps",
-    "information_gain": "rewards.ig_reward:InformationGain",
+    "information_gain": "rewards.information_gain.plugin:InformationGain",
 }
 
 

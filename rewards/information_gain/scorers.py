@@ -33,11 +33,11 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from rewards.information_gain import PseudoResponse, SegmentBoundaries
+from rewards.information_gain.values import PseudoResponse, SegmentBoundaries
 
 
 class HFInformationGainScorer:
-    """A :class:`~rewards.information_gain.GoldScorer` that reuses each segment's KV cache.
+    """A :class:`~rewards.information_gain.values.GoldScorer` that reuses each segment's KV cache.
 
     ``model`` is a transformers causal LM holding the behaviour policy's weights; it is put in eval
     mode and used as it is (device and dtype included).
@@ -86,7 +86,7 @@ class HFInformationGainScorer:
 
 
 class PerPrefixScorer:
-    """The naive :class:`~rewards.information_gain.GoldScorer`: one full forward per boundary.
+    """The naive :class:`~rewards.information_gain.values.GoldScorer`: one full forward per boundary.
 
     ``O(T·L)`` token forwards; the reference :class:`HFInformationGainScorer` must equal (1e-4).
     """
@@ -131,5 +131,5 @@ def _croppable(cache: object, model_name: str) -> DynamicCache:
             for layer in layers):
         raise ValueError(f"{model_name} keeps a {type(cache).__name__} whose layers cannot be cut "
                          "back to a prefix (sliding-window or recurrent attention); score it with "
-                         "rewards.ig_scoring.PerPrefixScorer instead")
+                         "rewards.information_gain.scorers.PerPrefixScorer instead")
     return cache

@@ -23,7 +23,7 @@ it (``"Inc.\\n"`` in Qwen's pre-tokeniser); the model is scored on a valid split
 
 Scorers (:class:`GoldScorer`) compute the gold log-probs of every boundary of a trajectory:
 
-- :class:`rewards.ig_scoring.HFInformationGainScorer`: transformers, one forward over each segment's
+- :class:`rewards.information_gain.scorers.HFInformationGainScorer`: transformers, one forward over each segment's
   context and its KV cache reused for every boundary — ``O(L + T·R)`` token forwards.
 - :class:`EngineGoldScorer`: any :class:`~rollout.engines.base.PolicyEngine` (the vLLM path): one
   ``score`` request per boundary (context prefix + pseudo-response), the longest first so that the
