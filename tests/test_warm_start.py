@@ -39,8 +39,10 @@ def test_question_options_are_checked() -> None:
     assert question_config({"min_hops": 0, "max_hops": 1}).max_hops == 1
     with pytest.raises(DatasetError, match="unknown option 'hops'.*min_hops"):
         question_config({"hops": 2})
-    with pytest.raises(DatasetError, match="max_hops='2' must be a int"):
-        question_config({"max_hops": "2"})
+    with pytest.raises(DatasetError, match="bad value for option 'max_hops'"):
+        question_config({"max_hops": "two"})
+    with pytest.raises(DatasetError, match="option 'seed' is set by the dataset config"):
+        question_config({"seed": 3})
     with pytest.raises(DatasetError, match="min_hops must be >= 0 and <= questions.max_hops"):
         question_config({"min_hops": 3, "max_hops": 1})
 

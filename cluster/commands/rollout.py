@@ -2,7 +2,7 @@
 trajectories as JSONL and print a summary.
 
     turnstile rollout --config examples/rollout.yaml --out runs/rollout.jsonl
-    turnstile rollout --config examples/rollout.yaml context.name=iter_research group_size=8 --out ...
+    turnstile rollout --config examples/rollout.yaml context.kind=iter_research group_size=8 --out ...
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ entry point.
 
 from __future__ import annotations
 
-import dataclasses
 
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.generic import DatasetError
 from envs.datasets.registry import DatasetConfig, register_dataset
+from envs.plugins import typed_options
 from envs.synthetic.questions import QuestionConfig, load_synthetic_tasks
 from envs.tasks import Task
 
@@ -24,22 +24,14 @@ FIXED = ("seed",)  # the dataset config's own seed
 
 
 def question_config(options: dict[str, object]) -> QuestionConfig:
-    """The question mix ``options`` asks for, over the defaults (DatasetError when it cannot be)."""
-    known = [f.name for f in dataclasses.fields(QuestionConfig) if f.name not in FIXED]
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise DatasetError(f"synthetic dataset: unknown option {unknown[0]!r}; the options are: "
-                           f"{', '.join(known)}")
-    defaults = QuestionConfig()
-    values = {}
-    for name, value in options.items():
-        default = getattr(defaults, name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                isinstance(default, int) and not isinstance(value, int)):
-            raise DatasetError(f"synthetic dataset: option {name}={value!r} must be a "
-                               f"{type(default).__name__}")
-        values[name] = type(default)(value)
-    config = dataclasses.replace(defaults, **values)
+    """The question mix ``options`` asks for, over the defaults (DatasetError when it cannot be):
+    read like every plugin's options (:func:`envs.plugins.typed_options`), ``seed`` excepted (the
+    dataset config's own)."""
+    fixed = sorted(set(options) & set(FIXED))
+    if fixed:
+        raise DatasetError(f"synthetic dataset: option {fixed[0]!r} is set by the dataset config "
+                           f"(data.{fixed[0]}), not in its options")
+    config = typed_options(QuestionConfig, options, "synthetic dataset", error=DatasetError)
     try:
         config.validate()
     except ValueError as error:
