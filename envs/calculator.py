@@ -132,8 +132,7 @@ class CalculatorEnv(ProtocolEnv):
         return StepInfo(turn, parsed, tool=name, tool_ok=True), text
 
     def tools_spent(self) -> bool:
-        budget = self.config.tool_budget or max(self.config.max_turns - 1, 0)
-        return self.calls >= budget
+        return self.calls >= self.tool_budget
 
     def tool_state(self) -> dict[str, object]:
         return {"calls": self.calls}

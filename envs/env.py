@@ -183,6 +183,11 @@ class ProtocolEnv(Env):
     async def call_tool(self, turn: int, parsed: ParsedTurn) -> tuple[StepInfo, str]:
         """Run the well-formed tool call ``parsed``; the info and the tool's text (never raises)."""
 
+    @property
+    def tool_budget(self) -> int:
+        """Tool calls this episode allows (``config.tool_budget``; 0 means ``max_turns - 1``)."""
+        return self.config.tool_budget or max(self.config.max_turns - 1, 0)
+
     def tools_spent(self) -> bool:
         """True when no tool call is left: the next turn must answer."""
         return False
@@ -274,10 +279,6 @@ class SearchBrowseEnv(ProtocolEnv):
             raise ValueError(f"env.per_tool_budget names unknown tools {unknown}; "
                              f"tools are {toolbox.names}")
         self.tool_calls: Counter[str] = Counter()
-
-    @property
-    def tool_budget(self) -> int:
-        return self.config.tool_budget or max(self.config.max_turns - 1, 0)
 
     def tool_schemas(self) -> list[JsonObject]:
         return self.toolbox.schemas()
