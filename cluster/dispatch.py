@@ -42,24 +42,51 @@ class NoWorkersLeft(RuntimeError):
 
 
 class WorkerPool:
-    """The run's rollout workers, their load and their health (thread-safe)."""
+    """The run's rollout workers, their load and their health (thread-safe).
+
+    A worker is ``ready`` (takes episodes), ``lost`` (its call failed; a ping is out), ``draining``
+    (the fleet is shrinking: it finishes what it runs and takes nothing new) or ``gone`` (dead for
+    good, or released). Workers join with :meth:`add` as the fleet grows or replaces one; indices
+    never change. ``waiting`` and ``finished`` count the episodes of every dispatcher on the pool
+    that no worker has room for yet and that are done: the fleet sizes itself by them.
+    """
+
+    READY, LOST, DRAINING, GONE = "ready", "lost", "draining", "gone"
 
     def __init__(self, workers: list[ray.actor.ActorHandle], per_worker: int) -> None:
-        self.workers, self.per_worker = workers, per_worker
-        self.load = [0] * len(workers)
-        self.healthy = [True] * len(workers)
+        self.workers, self.per_worker = list(workers), per_worker
+        self.load = [0] * len(self.workers)
+        self.state = [self.READY] * len(self.workers)
         self.probes: dict[ray.ObjectRef, int] = {}  # pings of workers that died, by worker
+        self.revived: set[int] = set()  # workers back after a restart (their router needs the membership)
+        self.starting = 0  # workers the fleet is starting: the pool is not empty while there are some
+        self.waiting = self.finished = 0
         self._lock = threading.Lock()
 
-    def free(self) -> int:
-        """Episodes the answering workers can take now."""
+    def add(self, worker: ray.actor.ActorHandle) -> int:
         with self._lock:
-            return sum(self.per_worker - self.load[i] for i in range(len(self.workers)) if self.healthy[i])
+            self.workers.append(worker)
+            self.load.append(0)
+            self.state.append(self.READY)
+            return len(self.workers) - 1
+
+    def count(self, *states: str) -> int:
+        with self._lock:
+            return sum(state in states for state in self.state)
+
+    def indices(self, *states: str) -> list[int]:
+        with self._lock:
+            return [i for i, state in enumerate(self.state) if state in states]
+
+    def free(self) -> int:
+        """Episodes the ready workers can take now."""
+        with self._lock:
+            return sum(self.per_worker - self.load[i] for i, state in enumerate(self.state) if state == self.READY)
 
     def take(self) -> int | None:
-        """The least loaded answering worker with room, its load counted; None when there is none."""
+        """The least loaded ready worker with room, its load counted; None when there is none."""
         with self._lock:
-            usable = [i for i in range(len(self.workers)) if self.healthy[i] and self.load[i] < self.per_worker]
+            usable = [i for i, state in enumerate(self.state) if state == self.READY and self.load[i] < self.per_worker]
             if not usable:
                 return None
             worker = min(usable, key=lambda i: self.load[i])
@@ -70,12 +97,26 @@ class WorkerPool:
         with self._lock:
             self.load[worker] -= 1
 
-    def lost(self, worker: int) -> None:
-        """``worker`` died: no new episode until it answers a ping."""
+    def drain(self, worker: int) -> None:
+        """No new episode for ``worker``; what it runs finishes."""
         with self._lock:
-            if self.healthy[worker]:
-                self.healthy[worker] = False
+            if self.state[worker] == self.READY:
+                self.state[worker] = self.DRAINING
+
+    def remove(self, worker: int) -> None:
+        """``worker`` is released (drained, or dead for good): never used again."""
+        with self._lock:
+            self.state[worker] = self.GONE
+            self.revived.discard(worker)
+
+    def lost(self, worker: int) -> None:
+        """``worker`` died: no new episode until it answers a ping (a draining one is not asked back)."""
+        with self._lock:
+            if self.state[worker] == self.READY:
+                self.state[worker] = self.LOST
                 self.probes[self.workers[worker].ping.remote()] = worker
+            elif self.state[worker] == self.DRAINING:
+                self.state[worker] = self.GONE
 
     def answered(self, probe: ray.ObjectRef) -> None:
         """A ping came back: the worker is usable again, or gone for good."""
@@ -87,14 +128,25 @@ class WorkerPool:
             ray.get(probe)
         except RayActorError:
             log.error("rollout worker %d is gone for good", worker)
+            self.remove(worker)
             return
         with self._lock:
-            self.healthy[worker] = True
+            if self.state[worker] == self.LOST:
+                self.state[worker] = self.READY
+                self.revived.add(worker)
 
     def alive(self) -> bool:
-        """Whether any worker answers, or may again (a ping is outstanding)."""
+        """Whether any worker takes episodes, or may soon (a ping is out, or the fleet starts one)."""
         with self._lock:
-            return any(self.healthy) or bool(self.probes)
+            return self.READY in self.state or bool(self.probes) or self.starting > 0
+
+    def queued(self, change: int) -> None:
+        with self._lock:
+            self.waiting += change
+
+    def done(self) -> None:
+        with self._lock:
+            self.finished += 1
 
 
 class Dispatcher:
@@ -113,7 +165,9 @@ class Dispatcher:
         return bool(self.waiting or self.running)
 
     def submit(self, episodes: Iterable[Episode]) -> None:
+        before = len(self.waiting)
         self.waiting.extend(episodes)
+        self.pool.queued(len(self.waiting) - before)
         self._start()
 
     def wait(self, timeout: float | None = None) -> list[Trajectory]:
@@ -123,8 +177,10 @@ class Dispatcher:
         if not self.running:
             if self.waiting and not self.pool.alive():
                 log.error("every rollout worker is gone; %d episodes cannot run", len(self.waiting))
-                return [self._give_up(self.waiting.popleft(), "no rollout worker is left")
-                        for _ in range(len(self.waiting))]
+                given_up = [self._give_up(self.waiting.popleft(), "no rollout worker is left")
+                            for _ in range(len(self.waiting))]
+                self.pool.queued(-len(given_up))
+                return given_up
             if not self.waiting:
                 return []
         probes = list(self.pool.probes)
@@ -149,6 +205,7 @@ class Dispatcher:
             ray.cancel(ref)
             self.pool.release(worker)
         self.running.clear()
+        self.pool.queued(-len(self.waiting))
         self.waiting.clear()
 
     def _start(self) -> None:
@@ -157,6 +214,7 @@ class Dispatcher:
             if worker is None:
                 return
             task, uid, sample = episode = self.waiting.popleft()
+            self.pool.queued(-1)
             self.attempts[(uid, sample)] = self.attempts.get((uid, sample), 0) + 1
             self.running[self.pool.workers[worker].run.remote(task, uid, sample)] = (worker, episode)
 
@@ -164,13 +222,16 @@ class Dispatcher:
         worker, episode = self.running.pop(ref)
         self.pool.release(worker)
         try:
-            return ray.get(ref)
+            trajectory = ray.get(ref)
+            self.pool.done()
+            return trajectory
         except RayActorError as error:
             self.pool.lost(worker)
             key = (episode[1], episode[2])
             if self.attempts[key] < self.max_attempts:
                 log.warning("worker %d died running %s/%d (%s); rerunning it", worker, *key, type(error).__name__)
                 self.waiting.appendleft(episode)
+                self.pool.queued(1)
                 self.rerun += 1
                 return None
             log.error("episode %s/%d failed %d times; giving up on it", *key, self.attempts[key])

@@ -285,6 +285,14 @@ class _RayMetrics:
         "throughput/turns_per_s": "turnstile_turns_per_s",
         "throughput/tokens_per_s": "turnstile_tokens_per_s",
         "staleness/max": "turnstile_staleness_max",
+        "fleet/engines_wanted": "turnstile_fleet_engines_wanted",
+        "fleet/engines_ready": "turnstile_fleet_engines_ready",
+        "fleet/engines_draining": "turnstile_fleet_engines_draining",
+        "fleet/workers_wanted": "turnstile_fleet_workers_wanted",
+        "fleet/workers_ready": "turnstile_fleet_workers_ready",
+        "fleet/workers_draining": "turnstile_fleet_workers_draining",
+        "fleet/episodes_waiting": "turnstile_fleet_episodes_waiting",
+        "fleet/replica_load_max": "turnstile_fleet_replica_load_max",
     }
     COUNTERS: ClassVar[dict[str, str]] = {  # step metric -> Ray counter of its sum over steps
         "rollout/turns": "turnstile_turns",

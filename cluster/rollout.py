@@ -22,7 +22,9 @@ from pathlib import Path
 import ray
 from tqdm import tqdm
 
+from cluster.autoscale import AutoscaleConfig
 from cluster.dispatch import Dispatcher, Episode, WorkerPool
+from cluster.elastic import ElasticFleet, elastic_fleet
 from envs.corpus import CorpusConfig, corpus_documents
 from envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
 from envs.datasets.registry import DatasetConfig, load_tasks
@@ -33,11 +35,10 @@ from rollout.context import ContextConfig
 from rollout.engines.config import EngineConfig
 from rollout.engines.registry import check_engine_tasks
 from rollout.episode import EpisodeConfig
-from rollout.fleet import EngineRouter, start_engines
 from rollout.model_store import resolve_model
 from rollout.summary import RolloutSummary, summarize
 from rollout.trajectory import Trajectory, write_trajectory
-from rollout.workers import WorkerSpec, start_workers
+from rollout.workers import WorkerSpec
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class FleetConfig:
     worker_restarts: int = 2
     max_episode_attempts: int = 2
     checkpoint_every: int = 4  # turns between checkpoints of a running episode in the store (train)
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)  # off: the sizes above, healed
 
     def __post_init__(self) -> None:
         for name in ("engine_replicas", "workers", "episodes_per_worker", "max_episode_attempts"):
@@ -98,9 +100,9 @@ def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> Rollout
         (tasks,) = servable_tasks([cfg.data], corpus, cfg.engine)
         with fleet(cfg.engine, cfg.fleet, WorkerSpec(tools=cfg.tools, episode=cfg.episode, context=cfg.context,
                                                      corpus=corpus, model=model),
-                   name=f"turnstile-{uuid.uuid4().hex[:8]}") as (_, pool):
+                   name=f"turnstile-{uuid.uuid4().hex[:8]}", events=fleet_events(out)) as rollout_fleet:
             episodes = [(task, f"{task.id}", sample) for task in tasks for sample in range(cfg.group_size)]
-            trajectories, failed, rerun = collect(pool, episodes, cfg.fleet, out, progress)
+            trajectories, failed, rerun = collect(rollout_fleet.pool, episodes, cfg.fleet, out, progress)
     return summarize(trajectories, time.monotonic() - started, failed, rerun)
 
 
@@ -116,25 +118,24 @@ def servable_tasks(datasets: list[DatasetConfig], corpus: CorpusConfig, engine: 
 
 
 @contextlib.contextmanager
-def fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec,
-          name: str) -> Iterator[tuple[EngineRouter, WorkerPool]]:
-    """The rollout fleet of rollout and training alike: ``engine_replicas`` engine actors behind a
-    router, ``workers`` rollout workers (named ``<name>-engine-<i>``, ``<name>-worker-<i>``);
-    killed on exit. ``spec.model`` is the resolved model directory. The environment ``spec`` names
-    is loaded here first, so a wrong ``episode.env.kind`` fails before any actor starts."""
+def fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: str,
+          events: Path | None = None) -> Iterator[ElasticFleet]:
+    """The rollout fleet of rollout and training alike (:class:`~cluster.elastic.ElasticFleet`):
+    engine replicas behind a router and rollout workers in a dispatch pool, named
+    ``<name>-engine-<i>`` and ``<name>-worker-<i>``, healed, and grown or shrunk when
+    ``config.autoscale`` says so; every actor is killed on exit. ``spec.model`` is the resolved
+    model directory. The environment ``spec`` names and the scale policy are loaded here first, so a
+    wrong ``episode.env.kind`` or ``autoscale.kind`` fails before any actor starts. Scale events
+    go to the JSONL file ``events``, when given."""
     env_class(spec.episode.env.kind)
-    engines = start_engines(replace(engine, model=spec.model), config.engine_replicas, config.engine_cpus,
-                            config.engine_gpus, name_prefix=f"{name}-")
-    workers: list[ray.actor.ActorHandle] = []
-    try:
-        router = EngineRouter(engines)
-        spec = replace(spec, policy_name=spec.policy_name or f"{engine.kind}:{Path(spec.model).name}")
-        workers = start_workers(spec, router, config.workers, config.episodes_per_worker, config.worker_cpus,
-                                config.worker_restarts, name_prefix=f"{name}-")
-        yield router, WorkerPool(workers, config.episodes_per_worker)
-    finally:
-        for actor in [*workers, *engines]:
-            ray.kill(actor)
+    spec = replace(spec, policy_name=spec.policy_name or f"{engine.kind}:{Path(spec.model).name}")
+    with elastic_fleet(engine, config, spec, name, events) as running:
+        yield running
+
+
+def fleet_events(out: Path) -> Path:
+    """Where a rollout to ``out`` writes its fleet's scale events: beside it, ``<stem>.fleet.jsonl``."""
+    return out.with_name(f"{out.stem}.fleet.jsonl")
 
 
 def init_ray(cfg: RayConfig) -> None:

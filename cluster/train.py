@@ -24,6 +24,7 @@ from pathlib import Path
 
 
 from cluster.dispatch import WorkerPool
+from cluster.elastic import ElasticFleet
 from cluster.metrics import (
     MetricsConfig,
     MetricsSink,
@@ -51,14 +52,13 @@ from envs.tasks import Task
 from learner.credit import estimator_class, estimator_from_options
 from learner.credit.assign import assign_credit
 from learner.credit.registry import Estimator
-from learner.publish import WeightsArchive, publish
+from learner.publish import WeightsArchive
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rewards.apply import score_groups
 from rewards.base import RewardSpec, resolve_reward, reward_options
 from rewards.service import RewardServiceConfig
 from rollout.engines.registry import weight_sync
-from rollout.fleet import EngineRouter
 from rollout.model_store import WARM_MODEL, resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
 from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
@@ -213,10 +213,10 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
         spec = WorkerSpec(tools=job.rollout.tools, episode=job.rollout.episode, context=job.rollout.context,
                           corpus=corpus, model=model, store=build_store(store_config),
                           checkpoint_every=job.rollout.fleet.checkpoint_every)
-        with fleet(job.rollout.engine, job.rollout.fleet, spec, name) as (router, pool):
+        with fleet(job.rollout.engine, job.rollout.fleet, spec, name, events=out / "fleet.jsonl") as rollout_fleet:
             sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
                                        or str(out / "tensorboard")), run_name=out.name)
-            run = Run(job, out, Learner(replace(job.learner, model=model)), router, pool, tasks, eval_tasks,
+            run = Run(job, out, Learner(replace(job.learner, model=model)), rollout_fleet, tasks, eval_tasks,
                       estimator, sink, progress, name=name, store_config=store_config)
             if any(resolve_reward(entry.kind).scores_with_policy for entry in job.rewards):
                 run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
@@ -237,12 +237,12 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
 class Run:
     """What one training run holds, and the bookkeeping both loops share."""
 
-    def __init__(self, job: TrainJob, out: Path, learner: Learner, router: EngineRouter,
-                 pool: WorkerPool, tasks: list[Task], eval_tasks: list[Task],
+    def __init__(self, job: TrainJob, out: Path, learner: Learner, fleet: ElasticFleet,
+                 tasks: list[Task], eval_tasks: list[Task],
                  estimator: Estimator, sink: MetricsSink, progress: bool, name: str = "turnstile",
                  store_config: StoreConfig | None = None) -> None:
-        self.job, self.out, self.learner, self.router = job, out, learner, router
-        self.pool, self.tasks, self.eval_tasks = pool, tasks, eval_tasks  # the rollout workers: cluster.dispatch
+        self.job, self.out, self.learner, self.fleet = job, out, learner, fleet
+        self.pool, self.tasks, self.eval_tasks = fleet.pool, tasks, eval_tasks  # the rollout workers: cluster.dispatch
         self.estimator, self.sink, self.progress = estimator, sink, progress
         self.state = RunState()
         self.rerun = 0
@@ -321,7 +321,8 @@ class Run:
                         "staleness/dropped_total": float(state.dropped_stale),
                         "rollout/empty": float(left_out["empty"]),
                         "rewards/unscored": float(left_out["unscored"]),
-                        "weights/version": float(state.weights_version), **(extra or {})})
+                        "weights/version": float(state.weights_version), **self.fleet.metrics(),
+                        **(extra or {})})
         if job.eval_every and (state.step % job.eval_every == 0 or state.step == job.steps):
             metrics.update(self.evaluate(state.step))
         state.history.append({"step": float(state.step), **self.sink.log(metrics, state.step)})
@@ -359,7 +360,7 @@ class Run:
         if self.archive is not None:  # before any trajectory of this version can reach the rewards
             await asyncio.to_thread(self.archive.add, version, weights)
         mode, directory = weight_sync(self.job.rollout.engine)
-        await publish(self.router, weights, version, mode=mode, checkpoint_dir=directory)
+        await self.fleet.publish(weights, version, mode=mode, checkpoint_dir=directory)
 
     def reward_specs(self) -> list[RewardSpec]:
         """The reward plugins; one that scores with the policy's weights (``scores_with_policy``:

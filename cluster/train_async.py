@@ -53,8 +53,9 @@ async def async_loop(run: Run) -> None:
     async with RewardService(run.store_config, specs, service, tasks={task.id: task for task in run.tasks}) as rewards:
         while state.step < job.steps:
             bound = (job.staleness + state.weights_version + 1) * batch
-            while (state.accepted + len(episodes.running) + len(episodes.waiting) + group_size <= bound
-                   and run.pool.free() >= group_size):
+            # Admission waits on the bound only: groups beyond the workers' room wait in the
+            # dispatcher, where the fleet sees them as demand (and grows, when it autoscales).
+            while state.accepted + len(episodes.running) + len(episodes.waiting) + group_size <= bound:
                 task = run.task(state.cursor)
                 uid = f"a{state.cursor}-{task.id}"
                 state.cursor += 1

@@ -6,9 +6,9 @@ actor from a small picklable :class:`~rollout.engines.config.EngineConfig`. An
 episode sticks to one replica (its ``affinity``), so the replica's prefix cache holds the episode's
 growing context; a new episode goes to the replica with the fewest requests in flight. When a
 replica dies, its episodes move to another replica and the request is retried there once; weight
-updates and version queries skip it from then on. A dead replica is not restarted (it would come back
-serving the base weights, not the published version); the rest of the fleet carries on, and only
-when every replica is gone does a call fail.
+updates and version queries skip it from then on. Ray does not restart a replica (it would come back
+serving the base weights, not the published version): the fleet (:mod:`cluster.elastic`) starts a
+new one, brings it to the published version, and only then adds it to the routers' membership.
 """
 
 from __future__ import annotations
@@ -66,53 +66,66 @@ class EngineActor:
         await self._engine.aclose()
 
 
-def start_engines(config: EngineConfig, replicas: int, num_cpus: float = 1.0,
-                  num_gpus: float = 0.0, name_prefix: str = "") -> list[ray.actor.ActorHandle]:
-    """Start ``replicas`` engine actors and wait until each serves; with a ``name_prefix`` they are
-    named actors (``<prefix>engine-<i>``)."""
-    if replicas < 1:
-        raise ValueError("rollout.engine_replicas must be >= 1")
+def engine_actor(config: EngineConfig, num_cpus: float = 1.0, num_gpus: float = 0.0,
+                 name: str | None = None) -> ray.actor.ActorHandle:
+    """Start one engine replica (not waited for: its ``ready()`` says when it serves)."""
     # vLLM logs every start-up step at INFO; a rollout's console should show progress, not that.
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
-    actor = ray.remote(EngineActor)
-    handles = [actor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=1000,
-                             runtime_env={"env_vars": env},
-                             name=f"{name_prefix}engine-{i}" if name_prefix else None).remote(config)
-               for i in range(replicas)]
-    ray.get([handle.ready.remote() for handle in handles])
-    return handles
+    return ray.remote(EngineActor).options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=1000,
+                                           runtime_env={"env_vars": env}, name=name).remote(config)
 
 
 class EngineRouter:
     """A PolicyEngine over engine replicas: least-loaded placement, per-episode affinity.
 
-    Load is what this router has in flight on each replica; with several rollout workers each
-    balances its own share, which evens out the total. Picklable (it holds actor handles only).
+    The replicas are a membership keyed by replica id, which whoever runs the fleet replaces with
+    :meth:`set_replicas` as replicas join and leave (:class:`cluster.elastic.ElasticFleet`); a
+    replica that left gets no new request, and an episode that was on it moves to another. Load is
+    what this router has in flight on each replica; with several rollout workers each balances its
+    own share, which evens out the total. With no live replica a request waits up to
+    ``wait_for_replica_s`` for one to join (a replacement on its way) before it fails. Picklable (it
+    holds actor handles only).
     """
 
-    def __init__(self, replicas: Sequence[ray.actor.ActorHandle]) -> None:
-        if not replicas:
-            raise ValueError("the router needs at least one engine replica")
-        self._replicas = list(replicas)
-        self._alive = [True] * len(self._replicas)
-        self._in_flight = [0] * len(self._replicas)
+    def __init__(self, replicas: Mapping[int, ray.actor.ActorHandle], wait_for_replica_s: float = 120.0) -> None:
+        self._replicas = dict(replicas)
+        self.wait_for_replica_s = wait_for_replica_s
+        self._dead: set[int] = set()
+        self._in_flight: dict[int, int] = {}
         self._affinity: dict[str, int] = {}
+        self.published: tuple[int, object] | None = None  # the last update: (version, its weights' object)
 
     def __getstate__(self) -> dict[str, object]:
-        return {"_replicas": self._replicas}
+        return {"replicas": self._replicas, "wait": self.wait_for_replica_s}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["_replicas"])  # type: ignore[misc, arg-type]
+        self.__init__(state["replicas"], state["wait"])  # type: ignore[misc, arg-type]
 
-    def _pick(self, affinity: str | None) -> int:
-        if affinity is not None:
-            index = self._affinity.get(affinity)
-            if index is not None and self._alive[index]:
-                return index
-        alive = [i for i, ok in enumerate(self._alive) if ok]
-        if not alive:
-            raise RuntimeError("every engine replica has died; the rollout cannot continue")
-        index = min(alive, key=lambda i: self._in_flight[i])
+    def set_replicas(self, replicas: Mapping[int, ray.actor.ActorHandle]) -> None:
+        """The replicas to use from now on (requests already sent finish where they are)."""
+        self._replicas = dict(replicas)
+        self._dead &= set(self._replicas)
+        self._affinity = {key: index for key, index in self._affinity.items() if index in self._replicas}
+
+    def replica_ids(self) -> list[int]:
+        return sorted(self._replicas)
+
+    async def _pick(self, affinity: str | None) -> int:
+        waited = 0.0
+        while True:
+            if affinity is not None:
+                index = self._affinity.get(affinity)
+                if index is not None and index in self._replicas and index not in self._dead:
+                    return index
+            alive = [i for i in self._replicas if i not in self._dead]
+            if alive:
+                break
+            if waited >= self.wait_for_replica_s:
+                raise RuntimeError(f"no engine replica has served for {self.wait_for_replica_s:.0f} s; "
+                                   "the rollout cannot continue")
+            await asyncio.sleep(0.25)
+            waited += 0.25
+        index = min(alive, key=lambda i: self._in_flight.get(i, 0))
         if affinity is not None:
             self._affinity[affinity] = index
         return index
@@ -124,12 +137,12 @@ class EngineRouter:
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
                        affinity: str | None = None) -> Generation:
         for attempt in (1, 2):
-            index = self._pick(affinity)
-            self._in_flight[index] += 1
+            index = await self._pick(affinity)
+            self._in_flight[index] = self._in_flight.get(index, 0) + 1
             try:
                 return await self._replicas[index].generate.remote(list(prompt_ids), sampling, affinity)
             except _DEAD:
-                self._alive[index] = False
+                self._dead.add(index)
                 log.warning("engine replica %d died; moving its episodes to the others", index)
                 if attempt == 2:
                     raise
@@ -139,12 +152,13 @@ class EngineRouter:
 
     async def score(self, sequences: Sequence[Sequence[int]],
                     spans: Sequence[tuple[int, int]]) -> list[list[float]]:
-        index = self._pick(None)
+        index = await self._pick(None)
         return await self._replicas[index].score.remote([list(s) for s in sequences], list(spans))
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
-        # One object-store copy shared by every replica.
+        # One object-store copy shared by every replica, kept for replicas that join later.
         ref = ray.put(dict(weights))
+        self.published = (version, ref)
         await self._on_each_live(lambda replica: replica.update_weights.remote(version, ref))
 
     async def weights_version(self) -> int:
@@ -152,12 +166,12 @@ class EngineRouter:
 
     async def _on_each_live(self, call: Callable[[ray.actor.ActorHandle], ray.ObjectRef]) -> list[object]:
         """``call`` on every live replica at once; replicas found dead are marked and skipped."""
-        live = [i for i, ok in enumerate(self._alive) if ok]
+        live = [i for i in self._replicas if i not in self._dead]
         results = await asyncio.gather(*(call(self._replicas[i]) for i in live), return_exceptions=True)
         values = []
         for index, result in zip(live, results, strict=True):
             if isinstance(result, _DEAD):
-                self._alive[index] = False
+                self._dead.add(index)
                 log.warning("engine replica %d died; the other replicas carry on", index)
             elif isinstance(result, BaseException):
                 raise result

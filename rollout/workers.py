@@ -49,7 +49,7 @@ class WorkerSpec:
 
 
 class RolloutWorker:
-    """Runs episodes; wrapped with ``ray.remote`` by :func:`start_workers`."""
+    """Runs episodes; wrapped with ``ray.remote`` by :func:`worker_actor`."""
 
     def __init__(self, spec: WorkerSpec, router: EngineRouter) -> None:
         self.spec = spec
@@ -134,6 +134,10 @@ class RolloutWorker:
         return {"calls": sum(metrics.calls.values()), "failures": sum(metrics.failures.values()),
                 "retries": metrics.retries, "cache_hits": self.toolbox.cache.stats.hits}
 
+    async def set_replicas(self, replicas: dict[int, ray.actor.ActorHandle]) -> None:
+        """The engine replicas to use from now on (the fleet grew, shrank or replaced one)."""
+        self.router.set_replicas(replicas)
+
     async def ping(self) -> int:
         return self.episodes_done
 
@@ -148,16 +152,11 @@ class RolloutWorker:
         await self.toolbox.aclose()
 
 
-def start_workers(spec: WorkerSpec, router: EngineRouter, count: int, concurrency: int,
-                  num_cpus: float = 0.5, max_restarts: int = 2,
-                  name_prefix: str = "") -> list[ray.actor.ActorHandle]:
-    """Start ``count`` workers, each running up to ``concurrency`` episodes at once; with a
-    ``name_prefix`` they are named actors (``<prefix>worker-<i>``), so operators can find them."""
-    if count < 1 or concurrency < 1:
-        raise ValueError("fleet.workers and fleet.episodes_per_worker must be >= 1")
-    actor = ray.remote(RolloutWorker)
-    handles = [actor.options(num_cpus=num_cpus, max_concurrency=concurrency, max_restarts=max_restarts,
-                             name=f"{name_prefix}worker-{i}" if name_prefix else None).remote(spec, router)
-               for i in range(count)]
-    ray.get([handle.ping.remote() for handle in handles])
-    return handles
+def worker_actor(spec: WorkerSpec, router: EngineRouter, concurrency: int, num_cpus: float = 0.5,
+                 max_restarts: int = 2, name: str | None = None) -> ray.actor.ActorHandle:
+    """Start one worker running up to ``concurrency`` episodes at once (not waited for: its
+    ``ping()`` answers once it is built); Ray restarts it up to ``max_restarts`` times."""
+    if concurrency < 1:
+        raise ValueError("fleet.episodes_per_worker must be >= 1")
+    return ray.remote(RolloutWorker).options(num_cpus=num_cpus, max_concurrency=concurrency,
+                                             max_restarts=max_restarts, name=name).remote(spec, router)

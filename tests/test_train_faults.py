@@ -2,9 +2,9 @@
 the memory and the redis store.
 
 Each test kills one part mid-run, the way a node failure or an OOM kill would (``ray.kill`` of the
-named actor; Ray restarts rollout and reward workers, engine replicas stay dead), and counts: the
-run finishes its steps, and every task whose group reached the learner has its G samples exactly
-once. Killing the driver and resuming is in ``test_train_resume.py``.
+named actor; Ray restarts rollout and reward workers, the fleet replaces a dead engine replica), and
+counts: the run finishes its steps, and every task whose group reached the learner has its G samples
+exactly once. Killing the driver and resuming is in ``test_train_resume.py``.
 """
 
 from __future__ import annotations
@@ -121,10 +121,15 @@ def test_killed_engine_replica_moves_its_episodes(ray_local: None, redis_url: st
     state = run_train(job, progress=False)
     killer.join(timeout=5)
     assert killer.error is None and killer.killed_at is not None, "the engine replica was never killed"
-    # The run went on with one replica: updates published to it, every step trained.
+    # The run went on: updates published to the replicas serving, every step trained.
     assert state.step == STEPS and state.weights_version == STEPS
     samples = assert_exactly_once(tmp_path)
     assert all(t.stop_reason.value != "engine_error" for t in samples)  # requests moved, not failed
+    # The fleet replaced the dead replica with one serving the version of its time.
+    events = [json.loads(line) for line in (tmp_path / "fleet.jsonl").read_text().splitlines()]
+    assert any(e["action"] == "replace" and e["member"] == "engine-0" for e in events), events
+    ready = [e for e in events if e["action"] == "ready" and e["member"] == "engine-2"]
+    assert ready and ready[0]["reason"].startswith("serves weights version"), events
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])

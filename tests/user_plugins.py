@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from cluster.autoscale import FleetView, Want
 from envs.datasets.registry import DatasetConfig
 from envs.plugins import typed_options
 from envs.env import Env, EnvConfig, Message, StepInfo, StepResult
@@ -206,3 +207,27 @@ class OnePageSearch:
 
 def one_page_search(config: object) -> OnePageSearch:  # noqa: ARG001 - a search backend factory
     return OnePageSearch()
+
+
+@dataclass
+class GrowThenShrinkOptions:
+    more_episodes: int = 6  # finished at the larger size before it shrinks
+
+
+class GrowThenShrink:
+    """A user's scale policy: two replicas and two workers from the start; once both serve, one
+    each again after ``more_episodes`` more episodes. Unlike a plan keyed to episodes alone, it
+    cannot shrink before the larger fleet is up, however slowly actors start."""
+
+    Options = GrowThenShrinkOptions
+
+    def __init__(self, options: GrowThenShrinkOptions) -> None:
+        self.options = options
+        self.grown_at: int | None = None
+
+    def decide(self, view: FleetView) -> Want:
+        if self.grown_at is None and view.engines == 2 and view.workers == 2:
+            self.grown_at = view.finished
+        if self.grown_at is not None and view.finished >= self.grown_at + self.options.more_episodes:
+            return Want(1, 1, f"{self.options.more_episodes} episodes done at the larger size")
+        return Want(2, 2, "grow first")

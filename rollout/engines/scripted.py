@@ -16,8 +16,10 @@ workers, router, store) runs exactly as with a model.
   are used in turn.
 
 Log-probs are 0.0 in expert mode (the recorded ones in replay), ``score`` returns zeros, and
-``update_weights`` only changes the reported version. Per-episode state lives in this engine, so an
-episode must stay on one replica (the router's affinity does that).
+``update_weights`` only changes the reported version. Per-episode state lives in this engine (the
+router's affinity keeps an episode on one replica); an episode that moves to another replica (its
+replica drained or died) has its state rebuilt there from the observations its context holds, as a
+model would read them.
 """
 
 from __future__ import annotations
@@ -74,6 +76,14 @@ def first_user_message(chat: ChatFormat, prompt_ids: Sequence[int]) -> str:
         if window >= len(prompt_ids):
             raise ValueError("the prompt holds no complete user message after a system message")
         window *= 2
+
+
+def user_messages(chat: ChatFormat, prompt_ids: Sequence[int]) -> list[str]:
+    """Every user message that follows another message, in order (the question, then the
+    observations); decodes the whole context, so it is for the rare rebuild, not every turn."""
+    marker = chat.turn_end_text + chat.frame("user").prefix
+    parts = chat.decode(list(prompt_ids)).split(marker)[1:]
+    return [part.split(chat.turn_end_text, 1)[0] for part in parts]
 
 
 def first_paragraph(text: str) -> str:
@@ -190,12 +200,23 @@ class ScriptedEngine:
         question = first_paragraph(first_user_message(self.chat, prompt_ids))
         key = affinity if affinity is not None else question
         episode = self._episodes.get(key)
-        if episode is None:
-            if question not in self._questions:
-                self._start(question)  # raises: the question is unknown
-            raise RuntimeError(f"no scripted episode {key!r} is open here: its first turn ran on "
-                               "another engine (scripted engines keep per-episode state)")
+        if episode is None:  # its earlier turns ran on another replica: rebuild it from the context
+            episode = self._episodes[key] = self._rebuilt(question, prompt_ids)
         return key, episode, last
+
+    def _rebuilt(self, question: str, prompt_ids: Sequence[int]) -> ScriptedExpert | _Replay:
+        """The episode's state after the turns its context holds, as a model would read them: its
+        observations replayed in order (exact for the mono context, which keeps them all)."""
+        episode = self._start(question)  # raises for an unknown question
+        observations = user_messages(self.chat, prompt_ids)[1:-1]
+        if isinstance(episode, _Replay):
+            episode.cursor = min(len(observations) + 1, len(episode.turns))
+            return episode
+        for observation in [None, *observations]:
+            if episode.finished:
+                break
+            episode.next_turn(observation)
+        return episode
 
     def _start(self, question: str) -> ScriptedExpert | _Replay:
         if self._tasks:

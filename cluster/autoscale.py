@@ -1,0 +1,161 @@
+"""How big the rollout fleet should be: the autoscaling settings and the policies that decide.
+
+A policy sees a :class:`FleetView` (what runs now, what waits) and answers a :class:`Want`: how
+many engine replicas and rollout workers the fleet should have. It only decides; the fleet
+(:class:`cluster.elastic.ElasticFleet`) clamps the answer into ``[min, max]``, holds a change back
+until it has been wanted for ``up_delay_s`` (growing) or ``down_delay_s`` (shrinking), and carries
+it out (start and catch up, or drain and release).
+
+Policies are plugins (``rollout.fleet.autoscale.kind``: a name registered here, an entry point of
+the group ``turnstile.scale_policies``, or ``package.module:Class``); a class with an ``Options``
+dataclass gets its ``options`` typed and checked before the run starts.
+
+The default, ``target_load``, sizes the fleet by **episodes per engine replica** (running plus
+waiting). We chose it over pending requests because a search agent's episode has at most one
+generation in flight and spends the rest of its time in tools, so a replica's batch is its
+episodes, not its queue: vLLM admits every request it has KV-cache room for, and its queue only
+grows once latency has already suffered (and the CPU and scripted engines never queue at all).
+Episodes are known to the driver before any replica sees them, so the fleet grows on demand that
+is waiting, not on latency that is already lost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from envs.plugins import Registry, typed_options
+
+
+@dataclass
+class AutoscaleConfig:
+    """``rollout.fleet.autoscale``. Off by default: the fleet keeps ``engine_replicas`` and
+    ``workers`` (a dead one is still replaced)."""
+
+    enabled: bool = False
+    kind: str = "target_load"  # the policy: target_load | schedule | an entry point | pkg.mod:Class
+    options: dict[str, Any] = field(default_factory=dict)
+    min_engines: int = 1
+    max_engines: int = 4
+    min_workers: int = 1
+    max_workers: int = 4
+    up_delay_s: float = 5.0  # a larger fleet must be wanted this long before it starts
+    down_delay_s: float = 30.0  # a smaller one this long before anything drains
+    drain_timeout_s: float = 300.0  # a draining member still busy after this is stopped (its episodes rerun)
+    interval_s: float = 1.0  # how often the fleet looks at its load
+
+    def __post_init__(self) -> None:
+        for low, high in (("min_engines", "max_engines"), ("min_workers", "max_workers")):
+            if getattr(self, low) < 1:
+                raise ValueError(f"{low}={getattr(self, low)} must be >= 1")
+            if getattr(self, high) < getattr(self, low):
+                raise ValueError(f"{high}={getattr(self, high)} must be >= {low}={getattr(self, low)}")
+        for name in ("up_delay_s", "down_delay_s", "drain_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.interval_s <= 0:
+            raise ValueError(f"interval_s={self.interval_s} must be > 0")
+
+
+@dataclass(frozen=True)
+class FleetView:
+    """What the fleet looks like to a policy at one moment."""
+
+    elapsed_s: float  # since the fleet started
+    engines: int  # replicas serving (ready), not counting draining ones
+    workers: int  # rollout workers taking episodes
+    running: int  # episodes running on the workers
+    waiting: int  # episodes handed to the fleet that no worker has room for yet
+    finished: int  # episodes finished since the fleet started
+    episodes_per_worker: int
+    replica_load: tuple[int, ...] = ()  # generation requests in flight on each ready replica
+
+
+@dataclass(frozen=True)
+class Want:
+    engines: int
+    workers: int
+    reason: str  # said in the scale event
+
+
+class ScalePolicy(Protocol):
+    def decide(self, view: FleetView) -> Want: ...
+
+
+SCALE_POLICIES: Registry[type[ScalePolicy]] = Registry(
+    "rollout.fleet.autoscale.kind", "turnstile.scale_policies", error=ValueError,
+    expected="a scale policy class (with decide)",
+    accepts=lambda found: isinstance(found, type) and callable(getattr(found, "decide", None)))
+
+
+def build_policy(config: AutoscaleConfig) -> ScalePolicy:
+    """The configured policy, its options checked (raises ValueError naming the bad one)."""
+    cls = SCALE_POLICIES.load(config.kind)
+    options_type = getattr(cls, "Options", None)
+    if options_type is None:
+        if config.options:
+            raise ValueError(f"scale policy {config.kind!r} takes no options, got {sorted(config.options)}")
+        return cls()  # type: ignore[call-arg]
+    return cls(typed_options(options_type, config.options, f"scale policy {config.kind!r}",  # type: ignore[call-arg]
+                             error=ValueError))
+
+
+@SCALE_POLICIES.register("target_load")
+class TargetLoad:
+    """Enough replicas for ``episodes_per_replica`` episodes (running and waiting) each, and enough
+    workers to run them all (``fleet.episodes_per_worker`` each)."""
+
+    @dataclass
+    class Options:
+        episodes_per_replica: int = 16
+
+        def __post_init__(self) -> None:
+            if self.episodes_per_replica < 1:
+                raise ValueError(f"episodes_per_replica={self.episodes_per_replica} must be >= 1")
+
+    def __init__(self, options: Options | None = None) -> None:
+        self.options = options or self.Options()
+
+    def decide(self, view: FleetView) -> Want:
+        demand = view.running + view.waiting
+        engines = math.ceil(demand / self.options.episodes_per_replica)
+        workers = math.ceil(demand / view.episodes_per_worker)
+        return Want(engines, workers, f"{demand} episodes running or waiting "
+                                      f"({self.options.episodes_per_replica} per replica)")
+
+
+@SCALE_POLICIES.register("schedule")
+class Schedule:
+    """A fixed plan for tests and drills: after ``after`` finished episodes, ``engines`` replicas and
+    ``workers`` workers (the last entry whose ``after`` has been reached)."""
+
+    @dataclass
+    class Step:
+        after: int
+        engines: int
+        workers: int
+
+    @dataclass
+    class Options:
+        steps: list[dict[str, int]] = field(default_factory=list)
+
+    STEP_KEYS: ClassVar[tuple[str, ...]] = ("after", "engines", "workers")
+
+    def __init__(self, options: Options | None = None) -> None:
+        raw = (options or self.Options()).steps
+        if not raw:
+            raise ValueError("scale policy 'schedule' needs options.steps: [{after, engines, workers}, ...]")
+        steps = []
+        for entry in raw:
+            if sorted(entry) != sorted(self.STEP_KEYS):
+                raise ValueError(f"scale policy 'schedule': each step has exactly the keys "
+                                 f"{', '.join(self.STEP_KEYS)}; got {dict(entry)}")
+            steps.append(self.Step(**{key: int(entry[key]) for key in self.STEP_KEYS}))
+        self.steps = sorted(steps, key=lambda step: step.after)
+
+    def decide(self, view: FleetView) -> Want:
+        current = [step for step in self.steps if view.finished >= step.after]
+        step = current[-1] if current else self.steps[0]
+        return Want(step.engines, step.workers, f"schedule: {step.engines} replicas and {step.workers} "
+                                                f"workers after {step.after} episodes")

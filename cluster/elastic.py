@@ -1,0 +1,437 @@
+"""The rollout fleet of a run: engine replicas and rollout workers that grow, shrink and heal.
+
+:class:`ElasticFleet` starts the fleet and then looks after it from a thread of the driver, every
+``autoscale.interval_s``:
+
+- **Health.** Each serving replica is asked its load (requests in flight); one that is dead leaves
+  the routers' membership and is replaced. A worker Ray could not bring back (``worker_restarts``
+  used up, or its node lost) is replaced too. With autoscaling off, this is all the thread does:
+  the fleet keeps ``engine_replicas`` and ``workers``.
+- **Size** (``autoscale.enabled``). The policy (:mod:`cluster.autoscale`) says how many replicas
+  and workers it wants; a larger fleet must be wanted for ``up_delay_s``, a smaller one for
+  ``down_delay_s``, and the answer is clamped into ``[min, max]``. Ray places what is started; when
+  the cluster has no room, :func:`ray.autoscaler.sdk.request_resources` asks Ray's autoscaler for
+  the whole wanted fleet, so nodes come (and, asked for less, may go).
+- **Up.** A new replica starts, loads the published weights (the object-store copy of the last
+  publish, or the checkpoint directory the engines read), and joins the routers' membership only
+  once it reports that version: no episode ever reaches a replica serving older weights than the
+  fleet. A publish and a catch-up never overlap (one lock), so a replica that catches up during a
+  publish ends on the newer version. A new worker joins the dispatch pool once it answers.
+- **Down.** A leaving replica leaves the membership first (every worker's router is told, and
+  answers), then finishes the requests it has in flight and is released. A leaving worker takes no
+  new episode and is released when its episodes are done. After ``drain_timeout_s`` either is
+  stopped: a replica's requests are retried on another, a worker's episodes run again elsewhere
+  from their checkpoints (:mod:`cluster.dispatch`). Nothing is lost or run twice.
+
+Publishing follows the membership (:meth:`publish`): no collective group is sized at the start.
+Every change is a :class:`ScaleEvent` with its reason, logged and counted in the step metrics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import ray
+import torch
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from cluster.autoscale import FleetView, build_policy
+from cluster.dispatch import WorkerPool
+from learner.publish import publish
+from rollout.engines.config import EngineConfig
+from rollout.fleet import EngineRouter, engine_actor
+from rollout.workers import WorkerSpec, worker_actor
+
+if TYPE_CHECKING:
+    from cluster.rollout import FleetConfig
+
+log = logging.getLogger(__name__)
+_CALL_TIMEOUT_S = 30.0  # a membership push or a catch-up that takes longer is retried next look
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    at_s: float  # since the fleet started
+    action: str  # up (started) | ready | down (draining) | released | stopped (late or failed) | replace (died)
+    member: str  # engine-<id> | worker-<id>
+    reason: str
+
+
+@dataclass
+class _Replica:
+    handle: ray.actor.ActorHandle
+    state: str  # starting | ready | draining
+    since: float
+    ready: ray.ObjectRef | None = None  # the start-up call while starting
+    load: int = 0  # requests in flight at the last look
+
+
+@dataclass
+class _Pending:
+    """A worker on its way: started, not yet answering."""
+
+    handle: ray.actor.ActorHandle
+    ping: ray.ObjectRef
+    name: str
+
+
+@dataclass
+class _Held:
+    """A change the policy wants, held until it has been wanted long enough."""
+
+    want: tuple[int, int] = (0, 0)
+    since: float = 0.0
+    reason: str = ""
+
+
+class ElasticFleet:
+    """Engine replicas behind a router and rollout workers in a dispatch pool (see the module
+    docstring). ``router`` is the driver's (publishing), ``pool`` the dispatchers'."""
+
+    def __init__(self, engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: str,
+                 events_path: Path | None = None) -> None:
+        self.engine, self.config, self.spec, self.name = engine, config, spec, name
+        self.events_path = events_path  # each scale event as a JSON line, when given
+        self.autoscale = config.autoscale
+        self.policy = build_policy(self.autoscale) if self.autoscale.enabled else None
+        self.router = EngineRouter({})
+        self.pool = WorkerPool([], config.episodes_per_worker)
+        self.events: list[ScaleEvent] = []
+        self._replicas: dict[int, _Replica] = {}
+        self._pending_workers: list[_Pending] = []
+        self._draining_since: dict[int, float] = {}  # worker index -> when it began draining
+        self._worker_names: dict[int, str] = {}
+        self._next_id = {"engine": 0, "worker": 0}
+        self._reason = "the configured size"  # why the fleet has its wanted size
+        self._lock = threading.RLock()  # publish vs catch-up vs membership changes
+        self._held = _Held()
+        self._wanted = (config.engine_replicas, config.workers)
+        self._asked: tuple[int, int] | None = None  # the fleet last asked of Ray's autoscaler
+        self._started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def start(self) -> ElasticFleet:
+        """Start the initial fleet, wait until it serves, and start looking after it."""
+        engines, workers = self._clamp(self.config.engine_replicas, self.config.workers)
+        self._wanted = (engines, workers)
+        for _ in range(engines):
+            self._start_replica("the configured size")
+        for replica_id in list(self._replicas):
+            self._replica_came_up(replica_id, ray.get(self._replicas[replica_id].ready))
+        for _ in range(workers):
+            self._start_worker("the configured size")
+        ray.get([pending.ping for pending in self._pending_workers])
+        self._workers_came_up()
+        self._thread = threading.Thread(target=self._watch, name=f"{self.name}-fleet", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(10.0, 2 * self.autoscale.interval_s))
+        with self._lock:
+            for replica in self._replicas.values():
+                ray.kill(replica.handle)
+            for pending in self._pending_workers:
+                ray.kill(pending.handle)
+            for worker in self.pool.workers:
+                ray.kill(worker)
+            self._replicas.clear()
+            self._pending_workers.clear()
+
+    # -- publishing ------------------------------------------------------------------------------
+    async def publish(self, weights: Mapping[str, torch.Tensor], version: int, *, mode: str,
+                      checkpoint_dir: str | None) -> int:
+        """``weights`` to every serving replica (:func:`learner.publish.publish`); a replica starting
+        meanwhile catches up to this version before it serves."""
+        with self._lock:
+            # The router keeps what it sent (the object-store copy, or nothing: load the
+            # directory) for the replicas that join later.
+            return await publish(self.router, weights, version, mode=mode, checkpoint_dir=checkpoint_dir)
+
+    # -- what the fleet looks like -----------------------------------------------------------------
+    def view(self) -> FleetView:
+        with self._lock:
+            ready = [r for r in self._replicas.values() if r.state == "ready"]
+            return FleetView(
+                elapsed_s=time.monotonic() - self._started, engines=len(ready),
+                workers=self.pool.count(WorkerPool.READY), running=sum(self.pool.load),
+                waiting=self.pool.waiting, finished=self.pool.finished,
+                episodes_per_worker=self.config.episodes_per_worker,
+                replica_load=tuple(r.load for r in ready))
+
+    def metrics(self) -> dict[str, float]:
+        """The fleet now, for the step metrics: wanted / ready / starting / draining replicas and
+        workers, episodes running and waiting, replica load, and scale events so far."""
+        view = self.view()
+        with self._lock:
+            states = [r.state for r in self._replicas.values()]
+            events = len(self.events)
+        return {"fleet/engines_wanted": float(self._wanted[0]), "fleet/engines_ready": float(view.engines),
+                "fleet/engines_starting": float(states.count("starting")),
+                "fleet/engines_draining": float(states.count("draining")),
+                "fleet/workers_wanted": float(self._wanted[1]), "fleet/workers_ready": float(view.workers),
+                "fleet/workers_starting": float(len(self._pending_workers)),
+                "fleet/workers_draining": float(self.pool.count(WorkerPool.DRAINING)),
+                "fleet/episodes_running": float(view.running), "fleet/episodes_waiting": float(view.waiting),
+                "fleet/replica_load_max": float(max(view.replica_load, default=0)),
+                "fleet/replica_load_mean": sum(view.replica_load) / max(len(view.replica_load), 1),
+                "fleet/scale_events": float(events)}
+
+    # -- the watch -------------------------------------------------------------------------------
+    def _watch(self) -> None:
+        while not self._stop.wait(self.autoscale.interval_s):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - the fleet's upkeep must not end the run; next look retries
+                log.exception("looking after the rollout fleet failed; trying again in %.1f s",
+                              self.autoscale.interval_s)
+
+    def tick(self) -> None:
+        """One look: health, new members up, the wanted size, drains."""
+        with self._lock:
+            self._check_replicas()
+            self._progress_replicas()
+            self._workers_came_up()
+            self._reconnect_revived()
+            self._decide()
+            self._scale()
+            self._finish_drains()
+
+    def _check_replicas(self) -> None:
+        serving = [i for i, r in self._replicas.items() if r.state in ("ready", "draining")]
+        calls = {self._replicas[i].handle.in_flight.remote(): i for i in serving}
+        done, _ = ray.wait(list(calls), num_returns=len(calls), timeout=min(5.0, self.autoscale.interval_s * 5))
+        dead = []
+        for ref in done:
+            replica_id = calls[ref]
+            try:
+                self._replicas[replica_id].load = int(ray.get(ref))
+            except RayActorError:
+                dead.append(replica_id)
+        for replica_id in dead:
+            was = self._replicas.pop(replica_id).state
+            if was == "ready":
+                self._push_membership()
+                self._event("replace", f"engine-{replica_id}", "the replica died")
+            else:
+                self._event("released", f"engine-{replica_id}", "died while draining")
+
+    def _progress_replicas(self) -> None:
+        for replica_id, replica in list(self._replicas.items()):
+            if replica.state != "starting" or replica.ready is None:
+                continue
+            done, _ = ray.wait([replica.ready], timeout=0)
+            if not done:
+                continue
+            try:
+                self._replica_came_up(replica_id, ray.get(replica.ready))
+            except (RayActorError, GetTimeoutError) as error:
+                self._replicas.pop(replica_id, None)
+                self._event("stopped", f"engine-{replica_id}", f"it failed to start ({type(error).__name__})")
+
+    def _replica_came_up(self, replica_id: int, served: int) -> None:
+        """A started replica serves: bring it to the published version, then route to it."""
+        replica = self._replicas[replica_id]
+        published = self.router.published
+        if published is not None and served != published[0]:
+            version, weights = published
+            ray.get(replica.handle.update_weights.remote(version, weights), timeout=_CALL_TIMEOUT_S * 4)
+            served = ray.get(replica.handle.weights_version.remote(), timeout=_CALL_TIMEOUT_S)
+            if served != version:
+                raise RuntimeError(f"engine-{replica_id} serves version {served} after loading {version}")
+        replica.state, replica.ready, replica.since = "ready", None, time.monotonic()
+        self._push_membership()
+        self._event("ready", f"engine-{replica_id}", f"serves weights version {served}")
+
+    def _workers_came_up(self) -> None:
+        for pending in list(self._pending_workers):
+            done, _ = ray.wait([pending.ping], timeout=0)
+            if not done:
+                continue
+            self._pending_workers.remove(pending)
+            try:
+                ray.get(pending.ping)
+            except RayActorError as error:
+                self._event("stopped", pending.name, f"it failed to start ({type(error).__name__})")
+                continue
+            # It was started with the membership of its start: tell it the current one.
+            pending.handle.set_replicas.remote(self._membership())
+            index = self.pool.add(pending.handle)
+            self._worker_names[index] = pending.name
+            self._event("ready", pending.name, "takes episodes")
+        self.pool.starting = len(self._pending_workers)
+
+    def _reconnect_revived(self) -> None:
+        """A worker Ray restarted was rebuilt with the membership of its first start."""
+        for index in list(self.pool.revived):
+            self.pool.workers[index].set_replicas.remote(self._membership())
+            self.pool.revived.discard(index)
+
+    def _decide(self) -> None:
+        if self.policy is None:
+            return
+        want = self.policy.decide(self.view())
+        target = self._clamp(want.engines, want.workers)
+        now = time.monotonic()
+        if target == self._wanted:
+            self._held = _Held()
+            return
+        if target != self._held.want:
+            self._held = _Held(target, now, want.reason)
+        growing = target[0] > self._wanted[0] or target[1] > self._wanted[1]
+        delay = self.autoscale.up_delay_s if growing else self.autoscale.down_delay_s
+        if now - self._held.since >= delay:
+            log.info("fleet: %d -> %d replicas, %d -> %d workers (%s)", self._wanted[0], target[0],
+                     self._wanted[1], target[1], want.reason)
+            self._wanted, self._held, self._reason = target, _Held(), want.reason
+
+    def _scale(self) -> None:
+        """Start or drain members until the fleet has its wanted size (a dead one is made up here)."""
+        engines, workers = self._wanted
+        active = [i for i, r in self._replicas.items() if r.state in ("starting", "ready")]
+        for _ in range(engines - len(active)):
+            self._start_replica(f"{len(active)} of {engines} replicas ({self._reason})")
+        for _ in range(len(active) - engines):
+            self._drain_replica(f"{len(active)} replicas, {engines} wanted ({self._reason})")
+        live = self.pool.count(WorkerPool.READY, WorkerPool.LOST) + len(self._pending_workers)
+        for _ in range(workers - live):
+            self._start_worker(f"{live} of {workers} workers ({self._reason})")
+        for _ in range(live - workers):
+            self._drain_worker(f"{live} workers, {workers} wanted ({self._reason})")
+        self._ask_ray()
+
+    def _finish_drains(self) -> None:
+        now = time.monotonic()
+        for replica_id, replica in list(self._replicas.items()):
+            if replica.state != "draining":
+                continue
+            late = now - replica.since > self.autoscale.drain_timeout_s
+            if replica.load == 0 or late:
+                ray.kill(replica.handle)
+                del self._replicas[replica_id]
+                self._event("released" if not late else "stopped", f"engine-{replica_id}",
+                            "drained" if not late else f"still busy after {self.autoscale.drain_timeout_s:.0f} s")
+        for index in self.pool.indices(WorkerPool.DRAINING):
+            late = now - self._draining_since.get(index, now) > self.autoscale.drain_timeout_s
+            if self.pool.load[index] == 0 or late:
+                ray.kill(self.pool.workers[index])
+                if not late:
+                    self.pool.remove(index)  # a late one's episodes fail over first (dispatch)
+                self._event("released" if not late else "stopped", self._worker_names.get(index, f"worker-{index}"),
+                            "drained" if not late else f"still busy after {self.autoscale.drain_timeout_s:.0f} s")
+                self._draining_since.pop(index, None)
+
+    # -- members ---------------------------------------------------------------------------------
+    def _start_replica(self, reason: str) -> None:
+        replica_id = self._take_id("engine")
+        handle = engine_actor(replace(self.engine, model=self.spec.model), self.config.engine_cpus,
+                              self.config.engine_gpus, name=f"{self.name}-engine-{replica_id}")
+        self._replicas[replica_id] = _Replica(handle, "starting", time.monotonic(), ready=handle.ready.remote())
+        self._event("up", f"engine-{replica_id}", reason)
+
+    def _drain_replica(self, reason: str) -> None:
+        serving = [i for i, r in self._replicas.items() if r.state == "ready"]
+        starting = [i for i, r in self._replicas.items() if r.state == "starting"]
+        if starting:  # one that does not serve yet leaves first, at no cost
+            replica_id = starting[-1]
+            ray.kill(self._replicas.pop(replica_id).handle)
+            self._event("released", f"engine-{replica_id}", f"no longer wanted ({reason})")
+            return
+        replica_id = min(serving, key=lambda i: (self._replicas[i].load, -i))
+        self._replicas[replica_id].state, self._replicas[replica_id].since = "draining", time.monotonic()
+        self._push_membership()
+        self._event("down", f"engine-{replica_id}", reason)
+
+    def _start_worker(self, reason: str) -> None:
+        name = f"worker-{self._take_id('worker')}"
+        # Built with the current membership; the pool takes it once it answers.
+        handle = worker_actor(self.spec, EngineRouter(self._membership()), self.config.episodes_per_worker,
+                              self.config.worker_cpus, self.config.worker_restarts, name=f"{self.name}-{name}")
+        self._pending_workers.append(_Pending(handle, handle.ping.remote(), name))
+        self.pool.starting = len(self._pending_workers)
+        self._event("up", name, reason)
+
+    def _drain_worker(self, reason: str) -> None:
+        if self._pending_workers:  # one that does not answer yet leaves first
+            pending = self._pending_workers.pop()
+            ray.kill(pending.handle)
+            self.pool.starting = len(self._pending_workers)
+            self._event("released", pending.name, f"no longer wanted ({reason})")
+            return
+        ready = self.pool.indices(WorkerPool.READY)
+        if not ready:
+            return
+        index = min(ready, key=lambda i: (self.pool.load[i], -i))
+        self.pool.drain(index)
+        self._draining_since[index] = time.monotonic()
+        self._event("down", self._worker_names.get(index, f"worker-{index}"), reason)
+
+    def _membership(self) -> dict[int, ray.actor.ActorHandle]:
+        return {i: r.handle for i, r in self._replicas.items() if r.state == "ready"}
+
+    def _push_membership(self) -> None:
+        """Every router the new membership: the driver's now, each worker's before this returns
+        (a worker that does not answer in time gets it again when it comes back)."""
+        members = self._membership()
+        self.router.set_replicas(members)
+        workers = [self.pool.workers[i] for i in self.pool.indices(WorkerPool.READY, WorkerPool.DRAINING)]
+        calls = [worker.set_replicas.remote(members) for worker in workers]
+        for call in calls:
+            with contextlib.suppress(RayActorError, GetTimeoutError):
+                ray.get(call, timeout=_CALL_TIMEOUT_S)
+
+    def _ask_ray(self) -> None:
+        """Ask Ray's autoscaler for room for the wanted fleet (only when autoscaling; a fixed fleet
+        was placed at the start and needs no standing request)."""
+        if self.policy is None or self._asked == self._wanted:
+            return
+        from ray.autoscaler.sdk import request_resources
+
+        engines, workers = self._wanted
+        engine = {"CPU": self.config.engine_cpus, **({"GPU": self.config.engine_gpus} if self.config.engine_gpus else {})}
+        bundles = [engine] * engines + [{"CPU": self.config.worker_cpus}] * workers
+        request_resources(bundles=[{k: v for k, v in b.items() if v > 0} or {"CPU": 0.01} for b in bundles])
+        self._asked = self._wanted
+
+    def _clamp(self, engines: int, workers: int) -> tuple[int, int]:
+        if self.policy is None:
+            return max(engines, 1), max(workers, 1)
+        a = self.autoscale
+        return min(max(engines, a.min_engines), a.max_engines), min(max(workers, a.min_workers), a.max_workers)
+
+    def _take_id(self, kind: str) -> int:
+        """Ids are never reused, so every actor of a run has its own name (``<run>-engine-<id>``)."""
+        self._next_id[kind] += 1
+        return self._next_id[kind] - 1
+
+    def _event(self, action: str, member: str, reason: str) -> None:
+        event = ScaleEvent(round(time.monotonic() - self._started, 3), action, member, reason)
+        self.events.append(event)
+        log.info("fleet %s %s: %s", action, member, reason)
+        if self.events_path is not None:
+            self.events_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.events_path.open("a", encoding="utf-8") as sink:
+                sink.write(json.dumps(asdict(event)) + "\n")
+
+
+@contextlib.contextmanager
+def elastic_fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: str,
+                  events_path: Path | None = None) -> Iterator[ElasticFleet]:
+    """An :class:`ElasticFleet`, started, and stopped with all its actors on exit."""
+    fleet = ElasticFleet(engine, config, spec, name, events_path)
+    try:
+        yield fleet.start()
+    finally:
+        fleet.close()
