@@ -43,6 +43,7 @@ class AutoscaleConfig:
     up_delay_s: float = 5.0  # a larger fleet must be wanted this long before it starts
     down_delay_s: float = 30.0  # a smaller one this long before anything drains
     drain_timeout_s: float = 300.0  # a draining member still busy after this is stopped (its episodes rerun)
+    start_timeout_s: float = 900.0  # a member not serving after this is stopped (no room came, or it hangs)
     interval_s: float = 1.0  # how often the fleet looks at its load
 
     def __post_init__(self) -> None:
@@ -51,7 +52,7 @@ class AutoscaleConfig:
                 raise ValueError(f"{low}={getattr(self, low)} must be >= 1")
             if getattr(self, high) < getattr(self, low):
                 raise ValueError(f"{high}={getattr(self, high)} must be >= {low}={getattr(self, low)}")
-        for name in ("up_delay_s", "down_delay_s", "drain_timeout_s"):
+        for name in ("up_delay_s", "down_delay_s", "drain_timeout_s", "start_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
         if self.interval_s <= 0:

@@ -9,7 +9,8 @@ The policy, the same everywhere:
 
 - an episode goes to the least loaded worker that answers and has room; the rest wait in order;
 - a worker whose call failed with ``RayActorError`` (it died) gets no new episode until a ping shows
-  it back (Ray restarts it up to ``fleet.worker_restarts`` times); its episodes run again on other
+  it back (Ray restarts it up to ``fleet.worker_restarts`` times, then the fleet replaces it); a
+  draining worker (the fleet shrinks) gets none either; a dead worker's episodes run again on other
   workers, at most ``fleet.max_episode_attempts`` times each, after which the episode is recorded as
   failed (a trajectory with stop reason ``error``) instead of lost;
 - an episode whose call raised anything else is recorded as failed at once (rerunning would fail the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -60,6 +62,7 @@ class WorkerPool:
         self.probes: dict[ray.ObjectRef, int] = {}  # pings of workers that died, by worker
         self.revived: set[int] = set()  # workers back after a restart (their router needs the membership)
         self.starting = 0  # workers the fleet is starting: the pool is not empty while there are some
+        self.replacing = False  # a fleet replaces workers that die (until its starts keep failing)
         self.waiting = self.finished = 0
         self._lock = threading.Lock()
 
@@ -136,9 +139,10 @@ class WorkerPool:
                 self.revived.add(worker)
 
     def alive(self) -> bool:
-        """Whether any worker takes episodes, or may soon (a ping is out, or the fleet starts one)."""
+        """Whether any worker takes episodes, or may soon (a ping is out, or the fleet starts or will
+        start one)."""
         with self._lock:
-            return self.READY in self.state or bool(self.probes) or self.starting > 0
+            return self.READY in self.state or bool(self.probes) or self.starting > 0 or self.replacing
 
     def queued(self, change: int) -> None:
         with self._lock:
@@ -184,6 +188,10 @@ class Dispatcher:
             if not self.waiting:
                 return []
         probes = list(self.pool.probes)
+        if not self.running and not probes:  # only workers on their way (the fleet starts them)
+            time.sleep(min(timeout if timeout is not None else 0.5, 0.5))
+            self._start()
+            return []
         ready, _ = ray.wait([*self.running, *probes], num_returns=1, timeout=timeout)
         if ready:  # and whatever else finished meanwhile
             more, _ = ray.wait([*self.running, *probes], num_returns=len(self.running) + len(probes), timeout=0)

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _CALL_TIMEOUT_S = 30.0  # a membership push or a catch-up that takes longer is retried next look
+MAX_FAILED_STARTS = 3  # members in a row that fail to start: then a dead one is no longer replaced
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class _Pending:
     handle: ray.actor.ActorHandle
     ping: ray.ObjectRef
     name: str
+    since: float
 
 
 @dataclass
@@ -116,6 +118,7 @@ class ElasticFleet:
         self._wanted = (config.engine_replicas, config.workers)
         self._asked: tuple[int, int] | None = None  # the fleet last asked of Ray's autoscaler
         self._started = time.monotonic()
+        self._failed_starts = 0  # in a row; at MAX_FAILED_STARTS the fleet stops replacing
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -132,12 +135,14 @@ class ElasticFleet:
             self._start_worker("the configured size")
         ray.get([pending.ping for pending in self._pending_workers])
         self._workers_came_up()
+        self.pool.replacing = True
         self._thread = threading.Thread(target=self._watch, name=f"{self.name}-fleet", daemon=True)
         self._thread.start()
         return self
 
     def close(self) -> None:
         self._stop.set()
+        self.pool.replacing = False
         if self._thread is not None:
             self._thread.join(timeout=max(10.0, 2 * self.autoscale.interval_s))
         with self._lock:
@@ -234,12 +239,16 @@ class ElasticFleet:
                 continue
             done, _ = ray.wait([replica.ready], timeout=0)
             if not done:
+                if time.monotonic() - replica.since > self.autoscale.start_timeout_s:
+                    ray.kill(self._replicas.pop(replica_id).handle)
+                    self._failed_start(f"engine-{replica_id}", f"not serving after {self.autoscale.start_timeout_s:.0f} s")
                 continue
             try:
                 self._replica_came_up(replica_id, ray.get(replica.ready))
+                self._failed_starts = 0
             except (RayActorError, GetTimeoutError) as error:
                 self._replicas.pop(replica_id, None)
-                self._event("stopped", f"engine-{replica_id}", f"it failed to start ({type(error).__name__})")
+                self._failed_start(f"engine-{replica_id}", f"it failed to start ({type(error).__name__})")
 
     def _replica_came_up(self, replica_id: int, served: int) -> None:
         """A started replica serves: bring it to the published version, then route to it."""
@@ -259,13 +268,18 @@ class ElasticFleet:
         for pending in list(self._pending_workers):
             done, _ = ray.wait([pending.ping], timeout=0)
             if not done:
+                if time.monotonic() - pending.since > self.autoscale.start_timeout_s:
+                    self._pending_workers.remove(pending)
+                    ray.kill(pending.handle)
+                    self._failed_start(pending.name, f"not answering after {self.autoscale.start_timeout_s:.0f} s")
                 continue
             self._pending_workers.remove(pending)
             try:
                 ray.get(pending.ping)
             except RayActorError as error:
-                self._event("stopped", pending.name, f"it failed to start ({type(error).__name__})")
+                self._failed_start(pending.name, f"it failed to start ({type(error).__name__})")
                 continue
+            self._failed_starts = 0
             # It was started with the membership of its start: tell it the current one.
             pending.handle.set_replicas.remote(self._membership())
             index = self.pool.add(pending.handle)
@@ -301,15 +315,15 @@ class ElasticFleet:
         """Start or drain members until the fleet has its wanted size (a dead one is made up here)."""
         engines, workers = self._wanted
         active = [i for i, r in self._replicas.items() if r.state in ("starting", "ready")]
-        for _ in range(engines - len(active)):
-            self._start_replica(f"{len(active)} of {engines} replicas ({self._reason})")
-        for _ in range(len(active) - engines):
-            self._drain_replica(f"{len(active)} replicas, {engines} wanted ({self._reason})")
+        for have in range(len(active), engines):
+            self._start_replica(f"{have} of {engines} replicas ({self._reason})")
+        for have in range(len(active), engines, -1):
+            self._drain_replica(f"{have} replicas, {engines} wanted ({self._reason})")
         live = self.pool.count(WorkerPool.READY, WorkerPool.LOST) + len(self._pending_workers)
-        for _ in range(workers - live):
-            self._start_worker(f"{live} of {workers} workers ({self._reason})")
-        for _ in range(live - workers):
-            self._drain_worker(f"{live} workers, {workers} wanted ({self._reason})")
+        for have in range(live, workers if self.pool.replacing else live):
+            self._start_worker(f"{have} of {workers} workers ({self._reason})")
+        for have in range(live, workers, -1):
+            self._drain_worker(f"{have} workers, {workers} wanted ({self._reason})")
         self._ask_ray()
 
     def _finish_drains(self) -> None:
@@ -359,7 +373,7 @@ class ElasticFleet:
         # Built with the current membership; the pool takes it once it answers.
         handle = worker_actor(self.spec, EngineRouter(self._membership()), self.config.episodes_per_worker,
                               self.config.worker_cpus, self.config.worker_restarts, name=f"{self.name}-{name}")
-        self._pending_workers.append(_Pending(handle, handle.ping.remote(), name))
+        self._pending_workers.append(_Pending(handle, handle.ping.remote(), name, time.monotonic()))
         self.pool.starting = len(self._pending_workers)
         self._event("up", name, reason)
 
@@ -377,6 +391,16 @@ class ElasticFleet:
         self.pool.drain(index)
         self._draining_since[index] = time.monotonic()
         self._event("down", self._worker_names.get(index, f"worker-{index}"), reason)
+
+    def _failed_start(self, member: str, why: str) -> None:
+        """A member that never came up. After MAX_FAILED_STARTS in a row the fleet stops replacing
+        dead workers, so a run whose workers are all gone ends (NoWorkersLeft) instead of waiting."""
+        self._failed_starts += 1
+        self._event("stopped", member, why)
+        if self._failed_starts >= MAX_FAILED_STARTS:
+            log.error("%d members in a row failed to start; dead workers are no longer replaced",
+                      self._failed_starts)
+            self.pool.replacing = False
 
     def _membership(self) -> dict[int, ray.actor.ActorHandle]:
         return {i: r.handle for i, r in self._replicas.items() if r.state == "ready"}

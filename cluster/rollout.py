@@ -200,7 +200,8 @@ def collect(pool: WorkerPool, episodes: list[Episode], fleet: FleetConfig, out: 
     bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress)
     with out.open("w", encoding="utf-8") as sink:
         while dispatcher.busy:
-            for trajectory in dispatcher.wait():
+            # At least once a second, so workers that join the fleet meanwhile get waiting episodes.
+            for trajectory in dispatcher.wait(timeout=1.0):
                 write_trajectory(trajectory, sink)
                 done.append(trajectory)
                 bar.update(1)

@@ -6,7 +6,6 @@ the settings are checked without Ray."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from rollout.engines.config import EngineConfig
 from rollout.model_store import resolve_model
 from rollout.trajectory import StopReason, load_trajectories
 from rollout.workers import WorkerSpec
+from tests.tools_for_tests import WorkerKiller
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ONE_HOP = "{min_hops: 1, max_hops: 1, entity_answer_fraction: 1.0, aggregation_fraction: 0.0, count: 200}"
@@ -106,28 +106,14 @@ def test_the_fleet_grows_and_shrinks_mid_run_and_every_episode_runs_once(ray_loc
 
 @pytest.mark.integration
 def test_a_dead_worker_is_replaced(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
-    cfg = sim_rollout("fleet.workers=2", "fleet.worker_restarts=0")
+    # The only worker, killed for good: its episodes wait (not failed) until the replacement answers.
+    cfg = sim_rollout("fleet.worker_restarts=0")
     out = tmp_path / "replaced.jsonl"
-    killed: list[str] = []
-
-    def kill_for_good() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed:
-            names = [n["name"] if isinstance(n, dict) else n for n in ray.util.list_named_actors()]
-            victims = sorted(n for n in names if n.endswith("-worker-0"))
-            if victims and out.exists() and out.stat().st_size > 0:
-                ray.kill(ray.get_actor(victims[0]), no_restart=True)
-                killed.append(victims[0])
-            time.sleep(0.1)
-
-    killer = threading.Thread(target=kill_for_good, daemon=True)
-    killer.start()
-    summary = run_rollout(cfg, out, progress=False)
-    killer.join(timeout=5)
-    assert killed, "the test never found the worker to kill"
+    with WorkerKiller(out, for_good=True):
+        summary = run_rollout(cfg, out, progress=False)
     assert summary.episodes == 32 and summary.failed == 0 and summary.rerun >= 1
     events = [(e["action"], e["member"]) for e in events_of(fleet_events(out))]
-    assert ("up", "worker-2") in events and ("ready", "worker-2") in events, events
+    assert ("up", "worker-1") in events and ("ready", "worker-1") in events, events
 
 
 def perturbed(model: str) -> dict[str, torch.Tensor]:
@@ -197,3 +183,30 @@ def base_weights(model: str) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).state_dict()
+
+
+@pytest.mark.integration
+def test_a_training_run_grows_and_shrinks_and_the_learner_gets_every_sample_once(ray_local: None,  # noqa: ARG001
+                                                                                 tmp_path: Path) -> None:
+    from cluster.train import TrainJob, run_train
+    from tests.test_train import EXAMPLE
+    from tests.test_train_faults import STEPS, assert_exactly_once, overrides
+
+    # Async training with the expert at a model server's pace; the fleet doubles once the run is
+    # going, publishes reach whoever serves, and it shrinks back before the end.
+    job = load_config(TrainJob, EXAMPLE, overrides(tmp_path, "memory", "", *[
+        "rollout.engine.kind=sim", "rollout.engine.options={decode_s_per_token: 0.01, concurrency: 8}",
+        f"rollout.data.options={ONE_HOP}", "rollout.fleet.workers=1", "rollout.fleet.engine_cpus=0.5",
+        "rollout.fleet.worker_cpus=0.5", "rollout.fleet.autoscale.enabled=true",
+        "rollout.fleet.autoscale.kind=tests.user_plugins:GrowThenShrink",
+        "rollout.fleet.autoscale.options={more_episodes: 4}", "rollout.fleet.autoscale.up_delay_s=0",
+        "rollout.fleet.autoscale.down_delay_s=0", "rollout.fleet.autoscale.interval_s=0.2",
+        "rollout.episode.max_new_tokens=512"]))
+    state = run_train(job, progress=False)
+    assert state.step == STEPS and state.weights_version == STEPS
+    assert_exactly_once(tmp_path)
+    events = [(e["action"], e["member"]) for e in events_of(tmp_path / "fleet.jsonl")]
+    assert ("ready", "engine-1") in events and ("ready", "worker-1") in events, events
+    history = json.loads((tmp_path / "run.json").read_text())["history"]
+    assert all(row["fleet/engines_ready"] >= 1 and row["fleet/workers_ready"] >= 1 for row in history)
+    assert 0 < history[-1]["fleet/scale_events"] <= len(events)

@@ -3,18 +3,16 @@ trajectory file, and a worker killed mid-run."""
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import ray
 
 from cluster.config import load_config
 from cluster.rollout import RolloutConfig, run_rollout
 from envs.answers import answer_matches
 from rollout.trajectory import StopReason, load_trajectories
+from tests.tools_for_tests import WorkerKiller
 
 pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -58,23 +56,8 @@ def test_scripted_rollout_answers_through_the_fleet(ray_local: None, tmp_path: P
 def test_killed_worker_episodes_are_rerun_not_lost(ray_local: None, tmp_path: Path) -> None:
     cfg = scripted(limit=4, group=2, workers=2, per_worker=2)
     out = tmp_path / "killed.jsonl"
-    killed: list[str] = []
-
-    def kill_one_worker() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed:
-            names = [n["name"] if isinstance(n, dict) else n for n in ray.util.list_named_actors()]
-            workers = sorted(n for n in names if "-worker-" in n)
-            if workers and out.exists() and out.stat().st_size > 0:
-                ray.kill(ray.get_actor(workers[0]), no_restart=False)
-                killed.append(workers[0])
-            time.sleep(0.2)
-
-    killer = threading.Thread(target=kill_one_worker, daemon=True)
-    killer.start()
-    summary = run_rollout(cfg, out, progress=False)
-    killer.join(timeout=5)
-    assert killed, "the test never found a worker to kill"
+    with WorkerKiller(out):  # Ray restarts it
+        summary = run_rollout(cfg, out, progress=False)
     tasks = {t.uid for t in load_trajectories(out)}
     check_file(out, {(uid, g) for uid in tasks for g in range(2)})
     assert len(tasks) == 4 and summary.failed == 0 and summary.episodes == 8

@@ -239,7 +239,8 @@ def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Pa
     job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
     job.rewards = [RewardSpec("tests.user_plugins:PolicyScore"), RewardSpec("exact_match"),
                    RewardSpec("information_gain", {"model": "own"})]
-    run = Run(job, tmp_path, None, None, [], [], [], None, None, False)  # type: ignore[arg-type]
+    fleet = SimpleNamespace(pool=None)
+    run = Run(job, tmp_path, None, fleet, [], [], None, None, False)  # type: ignore[arg-type]
     assert [spec.options for spec in run.reward_specs()] == [{}, {}, {"model": "own"}]  # no archive yet
     run.archive = SimpleNamespace(root=tmp_path / "weights")  # type: ignore[assignment]
     assert [spec.options for spec in run.reward_specs()] == [

@@ -7,6 +7,7 @@ import base64
 import json
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from envs.search.base import Document
 from envs.search.tool import SearchConfig, SearchTool
@@ -106,3 +107,38 @@ class MemoryVisit:
 def memory_toolbox(documents: Sequence[Document], extract: bool = False) -> Toolbox:
     """The real search tool over ``documents`` and a :class:`MemoryVisit` of them."""
     return Toolbox([SearchTool.from_config(SearchConfig(), documents), MemoryVisit(documents, extract)])
+
+
+class WorkerKiller:
+    """A thread that kills the first named rollout worker whose name ends with ``suffix`` once the
+    rollout's output file ``out`` holds a trajectory (episodes are running); ``killed`` names it.
+    ``for_good`` kills it with no restart, as a lost node would."""
+
+    def __init__(self, out: Path, suffix: str = "-worker-0", for_good: bool = False) -> None:
+        import threading
+
+        self.out, self.suffix, self.for_good = out, suffix, for_good
+        self.killed: list[str] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WorkerKiller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._thread.join(timeout=5)
+        assert self.killed, f"the test never found a worker named *{self.suffix} to kill"
+
+    def _run(self) -> None:
+        import time
+
+        import ray
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not self.killed:
+            names = [n["name"] if isinstance(n, dict) else n for n in ray.util.list_named_actors()]
+            victims = sorted(n for n in names if n.endswith(self.suffix))
+            if victims and self.out.exists() and self.out.stat().st_size > 0:
+                ray.kill(ray.get_actor(victims[0]), no_restart=self.for_good)
+                self.killed.append(victims[0])
+            time.sleep(0.1)
