@@ -196,7 +196,7 @@ def test_a_training_run_grows_and_shrinks_and_the_learner_gets_every_sample_once
     # going, publishes reach whoever serves, and it shrinks back before the end.
     job = load_config(TrainJob, EXAMPLE, overrides(tmp_path, "memory", "", *[
         "rollout.engine.kind=sim", "rollout.engine.options={decode_s_per_token: 0.01, concurrency: 8}",
-        f"rollout.data.options={ONE_HOP}", "rollout.fleet.workers=1", "rollout.fleet.engine_cpus=0.5",
+        "rollout.fleet.workers=1", "rollout.fleet.engine_cpus=0.5",
         "rollout.fleet.worker_cpus=0.5", "rollout.fleet.autoscale.enabled=true",
         "rollout.fleet.autoscale.kind=tests.user_plugins:GrowThenShrink",
         "rollout.fleet.autoscale.options={more_episodes: 4}", "rollout.fleet.autoscale.up_delay_s=0",

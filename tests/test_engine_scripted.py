@@ -85,16 +85,19 @@ async def test_cuts_at_max_new_tokens(chat: ChatFormat, tasks: list[Task]) -> No
     assert len(generation.token_ids) == 5 and generation.finish_reason == FINISH_LENGTH
 
 
-async def test_unknown_questions_and_lost_episodes_are_errors(chat: ChatFormat, tasks: list[Task],
-                                                             sampling: SamplingParams) -> None:
+async def test_unknown_questions_are_errors_and_moved_episodes_continue(chat: ChatFormat, tasks: list[Task],
+                                                                      sampling: SamplingParams) -> None:
     engine = ScriptedEngine(chat, tasks=tasks)
     with pytest.raises(ValueError, match="world_seed"):
         await engine.generate(first_prompt(chat, "What is not asked?"), sampling, "e")
     prompt = first_prompt(chat, chain(tasks).question)
     first = await engine.generate(prompt, sampling, "e1")
     prompt += [*first.token_ids, *chat.delta_ids("<tool_response>\nx\n</tool_response>", first.token_ids)]
-    with pytest.raises(RuntimeError, match="another engine"):
-        await engine.generate(prompt, sampling, "moved")
+    # The episode moves (its replica drained or died): another replica rebuilds it from the context
+    # and writes the turn the first one writes.
+    moved = await ScriptedEngine(chat, tasks=tasks).generate(prompt, sampling, "e1")
+    stayed = await engine.generate(prompt, sampling, "e1")
+    assert moved.token_ids == stayed.token_ids and len(moved.token_ids) > 1
     with pytest.raises(ValueError, match="tasks"):
         ScriptedEngine(chat)
 
@@ -167,3 +170,42 @@ def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Pat
         check_servable(hotpot, corpus, EngineConfig(kind="hf"))
     with pytest.raises(ValueError, match="engine.kind=scripted"):
         check_servable(hotpot, CorpusConfig(kind="none"), EngineConfig(kind="scripted"))
+
+
+async def test_the_sim_engine_takes_a_model_servers_time(chat: ChatFormat, tasks: list[Task],
+                                                         sampling: SamplingParams) -> None:
+    """``engine.kind=sim``: the expert's turns, each holding one of ``concurrency`` slots for
+    prefill of the uncached prompt plus decode of the turn; a replica that did not serve the
+    episode's last turn prefills the whole context."""
+    import asyncio
+    import time
+
+    from rollout.engines.sim import SimEngine
+
+    config = EngineConfig(kind="sim", model=str(ensure_default_model()),
+                          options={"decode_s_per_token": 0.002, "prefill_s_per_token": 0.001, "concurrency": 1})
+    engine = build_engine(config)
+    assert isinstance(engine, SimEngine)
+    prompts = [first_prompt(chat, task.question) for task in [chain(tasks), tasks[1]]]
+    started = time.monotonic()
+    first = await engine.generate(prompts[0], sampling, "a")
+    one = time.monotonic() - started
+    expected = 0.001 * len(prompts[0]) + 0.002 * len(first.token_ids)
+    assert one >= expected and engine.busy_s == pytest.approx(expected)
+    # One slot: two requests at once take the two requests' time, one after the other.
+    started = time.monotonic()
+    both = await asyncio.gather(*(engine.generate(p, sampling, f"b{i}") for i, p in enumerate(prompts)))
+    assert time.monotonic() - started >= sum(0.001 * len(p) + 0.002 * len(g.token_ids)
+                                             for p, g in zip(prompts, both, strict=True))
+    # The episode's next turn on this replica prefills only what its cache lacks; moved, all of it.
+    prompt = [*prompts[0], *first.token_ids, *chat.delta_ids("<tool_response>\nx\n</tool_response>", first.token_ids)]
+    before = engine.busy_s
+    following = await engine.generate(prompt, sampling, "a")
+    cached = len(prompts[0]) + len(first.token_ids)
+    assert engine.busy_s - before == pytest.approx(0.001 * (len(prompt) - cached) + 0.002 * len(following.token_ids))
+    moved = build_engine(config)
+    again = await moved.generate(prompt, sampling, "a")
+    assert again.token_ids == following.token_ids
+    assert moved.busy_s == pytest.approx(0.001 * len(prompt) + 0.002 * len(again.token_ids))
+    with pytest.raises(ValueError, match="concurrency=0 must be >= 1"):
+        build_engine(dataclasses.replace(config, options={"concurrency": 0}))
