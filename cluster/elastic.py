@@ -91,7 +91,6 @@ class _Held:
 
     want: tuple[int, int] = (0, 0)
     since: float = 0.0
-    reason: str = ""
 
 
 class ElasticFleet:
@@ -213,6 +212,7 @@ class ElasticFleet:
             self._decide()
             self._scale()
             self._finish_drains()
+            self.pool.starting = len(self._pending_workers)  # the dispatchers wait for these
 
     def _check_replicas(self) -> None:
         serving = [i for i, r in self._replicas.items() if r.state in ("ready", "draining")]
@@ -285,7 +285,6 @@ class ElasticFleet:
             index = self.pool.add(pending.handle)
             self._worker_names[index] = pending.name
             self._event("ready", pending.name, "takes episodes")
-        self.pool.starting = len(self._pending_workers)
 
     def _reconnect_revived(self) -> None:
         """A worker Ray restarted was rebuilt with the membership of its first start."""
@@ -303,7 +302,7 @@ class ElasticFleet:
             self._held = _Held()
             return
         if target != self._held.want:
-            self._held = _Held(target, now, want.reason)
+            self._held = _Held(target, now)
         growing = target[0] > self._wanted[0] or target[1] > self._wanted[1]
         delay = self.autoscale.up_delay_s if growing else self.autoscale.down_delay_s
         if now - self._held.since >= delay:
@@ -374,14 +373,12 @@ class ElasticFleet:
         handle = worker_actor(self.spec, EngineRouter(self._membership()), self.config.episodes_per_worker,
                               self.config.worker_cpus, self.config.worker_restarts, name=f"{self.name}-{name}")
         self._pending_workers.append(_Pending(handle, handle.ping.remote(), name, time.monotonic()))
-        self.pool.starting = len(self._pending_workers)
         self._event("up", name, reason)
 
     def _drain_worker(self, reason: str) -> None:
         if self._pending_workers:  # one that does not answer yet leaves first
             pending = self._pending_workers.pop()
             ray.kill(pending.handle)
-            self.pool.starting = len(self._pending_workers)
             self._event("released", pending.name, f"no longer wanted ({reason})")
             return
         ready = self.pool.indices(WorkerPool.READY)

@@ -83,7 +83,7 @@ def test_the_fleet_grows_and_shrinks_mid_run_and_every_episode_runs_once(ray_loc
                                                                          tmp_path: Path) -> None:
     # A user's policy, loaded by import path: two of each once running, one of each again later.
     cfg = sim_rollout("fleet.autoscale.enabled=true", "fleet.autoscale.kind=tests.user_plugins:GrowThenShrink",
-                      "fleet.autoscale.options={more_episodes: 6}", "fleet.autoscale.up_delay_s=0",
+                      "fleet.autoscale.options={more_episodes: 2}", "fleet.autoscale.up_delay_s=0",
                       "fleet.autoscale.down_delay_s=0")
     out = tmp_path / "elastic.jsonl"
     summary = run_rollout(cfg, out, progress=False)
