@@ -1,10 +1,11 @@
 """How big the rollout fleet should be: the autoscaling settings and the policies that decide.
 
 A policy sees a :class:`FleetView` (what runs now, what waits) and answers a :class:`Want`: how
-many engine replicas and rollout workers the fleet should have. It only decides; the fleet
-(:class:`cluster.elastic.ElasticFleet`) clamps the answer into ``[min, max]``, holds a change back
-until it has been wanted for ``up_delay_s`` (growing) or ``down_delay_s`` (shrinking), and carries
-it out (start and catch up, or drain and release).
+many engine replicas and rollout workers the fleet should have. It only decides; a
+:class:`Sizer` clamps the answer into ``[min, max]`` and holds a change back until it has been
+wanted for ``up_delay_s`` (growing) or ``down_delay_s`` (shrinking), and the fleet
+(:class:`cluster.elastic.ElasticFleet`, or the fleet simulator's stand-in) carries it out (start and
+catch up, or drain and release).
 
 Policies are plugins (``rollout.fleet.autoscale.kind``: a name registered here, an entry point of
 the group ``turnstile.scale_policies``, or ``package.module:Class``); a class with an ``Options``
@@ -160,3 +161,40 @@ class Schedule:
         step = current[-1] if current else self.steps[0]
         return Want(step.engines, step.workers, f"schedule: {step.engines} replicas and {step.workers} "
                                                 f"workers after {step.after} episodes")
+
+
+class Sizer:
+    """The size a fleet should have now: the policy's answer, clamped into ``[min, max]``, taken
+    once it has been wanted for ``up_delay_s`` (growing) or ``down_delay_s`` (shrinking). With no
+    policy (autoscaling off) the size stays what it was configured. Time is the caller's, so the
+    same rule runs on a real clock (the fleet) and a simulated one (``benchmarks/fleet_sim.py``)."""
+
+    def __init__(self, config: AutoscaleConfig, policy: ScalePolicy | None, engines: int, workers: int) -> None:
+        self.config, self.policy = config, policy
+        self.wanted = self.clamp(engines, workers)
+        self.reason = "the configured size"  # why the fleet has its wanted size
+        self._held: tuple[int, int] | None = None  # a different size the policy wants, since _held_since
+        self._held_since = 0.0
+
+    def clamp(self, engines: int, workers: int) -> tuple[int, int]:
+        if self.policy is None:
+            return max(engines, 1), max(workers, 1)
+        a = self.config
+        return min(max(engines, a.min_engines), a.max_engines), min(max(workers, a.min_workers), a.max_workers)
+
+    def update(self, view: FleetView, now: float) -> Want | None:
+        """Ask the policy; the new wanted size when it changes now, else None."""
+        if self.policy is None:
+            return None
+        want = self.policy.decide(view)
+        target = self.clamp(want.engines, want.workers)
+        if target == self.wanted:
+            self._held = None
+            return None
+        if target != self._held:
+            self._held, self._held_since = target, now
+        growing = target[0] > self.wanted[0] or target[1] > self.wanted[1]
+        if now - self._held_since < (self.config.up_delay_s if growing else self.config.down_delay_s):
+            return None
+        self.wanted, self.reason, self._held = target, want.reason, None
+        return Want(*target, want.reason)

@@ -43,7 +43,7 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from cluster.autoscale import FleetView, build_policy
+from cluster.autoscale import FleetView, Sizer, build_policy
 from cluster.dispatch import WorkerPool
 from learner.publish import publish
 from rollout.engines.config import EngineConfig
@@ -85,14 +85,6 @@ class _Pending:
     since: float
 
 
-@dataclass
-class _Held:
-    """A change the policy wants, held until it has been wanted long enough."""
-
-    want: tuple[int, int] = (0, 0)
-    since: float = 0.0
-
-
 class ElasticFleet:
     """Engine replicas behind a router and rollout workers in a dispatch pool (see the module
     docstring). ``router`` is the driver's (publishing), ``pool`` the dispatchers'."""
@@ -102,7 +94,8 @@ class ElasticFleet:
         self.engine, self.config, self.spec, self.name = engine, config, spec, name
         self.events_path = events_path  # each scale event as a JSON line, when given
         self.autoscale = config.autoscale
-        self.policy = build_policy(self.autoscale) if self.autoscale.enabled else None
+        policy = build_policy(self.autoscale) if self.autoscale.enabled else None
+        self.sizer = Sizer(self.autoscale, policy, config.engine_replicas, config.workers)
         self.router = EngineRouter({})
         self.pool = WorkerPool([], config.episodes_per_worker)
         self.events: list[ScaleEvent] = []
@@ -111,10 +104,7 @@ class ElasticFleet:
         self._draining_since: dict[int, float] = {}  # worker index -> when it began draining
         self._worker_names: dict[int, str] = {}
         self._next_id = {"engine": 0, "worker": 0}
-        self._reason = "the configured size"  # why the fleet has its wanted size
         self._lock = threading.RLock()  # publish vs catch-up vs membership changes
-        self._held = _Held()
-        self._wanted = (config.engine_replicas, config.workers)
         self._asked: tuple[int, int] | None = None  # the fleet last asked of Ray's autoscaler
         self._started = time.monotonic()
         self._failed_starts = 0  # in a row; at MAX_FAILED_STARTS the fleet stops replacing
@@ -124,8 +114,7 @@ class ElasticFleet:
     # -- life cycle ----------------------------------------------------------------------------
     def start(self) -> ElasticFleet:
         """Start the initial fleet, wait until it serves, and start looking after it."""
-        engines, workers = self._clamp(self.config.engine_replicas, self.config.workers)
-        self._wanted = (engines, workers)
+        engines, workers = self.sizer.wanted
         for _ in range(engines):
             self._start_replica("the configured size")
         for replica_id in list(self._replicas):
@@ -182,10 +171,10 @@ class ElasticFleet:
         with self._lock:
             states = [r.state for r in self._replicas.values()]
             events = len(self.events)
-        return {"fleet/engines_wanted": float(self._wanted[0]), "fleet/engines_ready": float(view.engines),
+        return {"fleet/engines_wanted": float(self.sizer.wanted[0]), "fleet/engines_ready": float(view.engines),
                 "fleet/engines_starting": float(states.count("starting")),
                 "fleet/engines_draining": float(states.count("draining")),
-                "fleet/workers_wanted": float(self._wanted[1]), "fleet/workers_ready": float(view.workers),
+                "fleet/workers_wanted": float(self.sizer.wanted[1]), "fleet/workers_ready": float(view.workers),
                 "fleet/workers_starting": float(len(self._pending_workers)),
                 "fleet/workers_draining": float(self.pool.count(WorkerPool.DRAINING)),
                 "fleet/episodes_running": float(view.running), "fleet/episodes_waiting": float(view.waiting),
@@ -293,36 +282,26 @@ class ElasticFleet:
             self.pool.revived.discard(index)
 
     def _decide(self) -> None:
-        if self.policy is None:
-            return
-        want = self.policy.decide(self.view())
-        target = self._clamp(want.engines, want.workers)
-        now = time.monotonic()
-        if target == self._wanted:
-            self._held = _Held()
-            return
-        if target != self._held.want:
-            self._held = _Held(target, now)
-        growing = target[0] > self._wanted[0] or target[1] > self._wanted[1]
-        delay = self.autoscale.up_delay_s if growing else self.autoscale.down_delay_s
-        if now - self._held.since >= delay:
-            log.info("fleet: %d -> %d replicas, %d -> %d workers (%s)", self._wanted[0], target[0],
-                     self._wanted[1], target[1], want.reason)
-            self._wanted, self._held, self._reason = target, _Held(), want.reason
+        was = self.sizer.wanted
+        want = self.sizer.update(self.view(), time.monotonic())
+        if want is not None:
+            log.info("fleet: %d -> %d replicas, %d -> %d workers (%s)", was[0], want.engines, was[1],
+                     want.workers, want.reason)
 
     def _scale(self) -> None:
         """Start or drain members until the fleet has its wanted size (a dead one is made up here)."""
-        engines, workers = self._wanted
+        engines, workers = self.sizer.wanted
+        reason = self.sizer.reason
         active = [i for i, r in self._replicas.items() if r.state in ("starting", "ready")]
         for have in range(len(active), engines):
-            self._start_replica(f"{have} of {engines} replicas ({self._reason})")
+            self._start_replica(f"{have} of {engines} replicas ({reason})")
         for have in range(len(active), engines, -1):
-            self._drain_replica(f"{have} replicas, {engines} wanted ({self._reason})")
+            self._drain_replica(f"{have} replicas, {engines} wanted ({reason})")
         live = self.pool.count(WorkerPool.READY, WorkerPool.LOST) + len(self._pending_workers)
         for have in range(live, workers if self.pool.replacing else live):
-            self._start_worker(f"{have} of {workers} workers ({self._reason})")
+            self._start_worker(f"{have} of {workers} workers ({reason})")
         for have in range(live, workers, -1):
-            self._drain_worker(f"{have} workers, {workers} wanted ({self._reason})")
+            self._drain_worker(f"{have} workers, {workers} wanted ({reason})")
         self._ask_ray()
 
     def _finish_drains(self) -> None:
@@ -416,21 +395,15 @@ class ElasticFleet:
     def _ask_ray(self) -> None:
         """Ask Ray's autoscaler for room for the wanted fleet (only when autoscaling; a fixed fleet
         was placed at the start and needs no standing request)."""
-        if self.policy is None or self._asked == self._wanted:
+        if self.sizer.policy is None or self._asked == self.sizer.wanted:
             return
         from ray.autoscaler.sdk import request_resources
 
-        engines, workers = self._wanted
+        engines, workers = self.sizer.wanted
         engine = {"CPU": self.config.engine_cpus, **({"GPU": self.config.engine_gpus} if self.config.engine_gpus else {})}
         bundles = [engine] * engines + [{"CPU": self.config.worker_cpus}] * workers
         request_resources(bundles=[{k: v for k, v in b.items() if v > 0} or {"CPU": 0.01} for b in bundles])
-        self._asked = self._wanted
-
-    def _clamp(self, engines: int, workers: int) -> tuple[int, int]:
-        if self.policy is None:
-            return max(engines, 1), max(workers, 1)
-        a = self.autoscale
-        return min(max(engines, a.min_engines), a.max_engines), min(max(workers, a.min_workers), a.max_workers)
+        self._asked = self.sizer.wanted
 
     def _take_id(self, kind: str) -> int:
         """Ids are never reused, so every actor of a run has its own name (``<run>-engine-<id>``)."""

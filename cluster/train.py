@@ -182,11 +182,16 @@ def trainable(trajectories: Sequence[Trajectory], version: int,
             left_out["empty"] += 1
         elif trajectory.outcome is None:
             left_out["unscored"] += 1
-        elif version - min(turn.weights_version for turn in trajectory.turns) > staleness:
+        elif too_stale(min(turn.weights_version for turn in trajectory.turns), version, staleness):
             left_out["stale"] += 1
         else:
             fresh.append(trajectory)
     return fresh, left_out
+
+
+def too_stale(oldest_version: int, version: int, staleness: int) -> bool:
+    """Whether a sample whose oldest turn came from ``oldest_version`` is too old to train at ``version``."""
+    return version - oldest_version > staleness
 
 
 def step_tasks(tasks: list[Task], step: int, per_step: int, shuffle: bool, seed: int) -> list[Task]:

@@ -38,6 +38,11 @@ if TYPE_CHECKING:  # annotations only: cluster.train imports this module, not th
 log = logging.getLogger(__name__)
 
 
+def admits(accepted: int, in_flight: int, group_size: int, version: int, staleness: int, batch: int) -> bool:
+    """The staleness bound η on admission: whether one more group of ``group_size`` may start."""
+    return accepted + in_flight + group_size <= (staleness + version + 1) * batch
+
+
 async def async_loop(run: Run) -> None:
     job, state = run.job, run.state
     group_size = job.rollout.group_size
@@ -52,10 +57,10 @@ async def async_loop(run: Run) -> None:
     service = replace(job.reward_service, name_prefix=job.reward_service.name_prefix or f"{run.name}-reward")
     async with RewardService(run.store_config, specs, service, tasks={task.id: task for task in run.tasks}) as rewards:
         while state.step < job.steps:
-            bound = (job.staleness + state.weights_version + 1) * batch
             # Admission waits on the bound only: groups beyond the workers' room wait in the
             # dispatcher, where the fleet sees them as demand (and grows, when it autoscales).
-            while state.accepted + len(episodes.running) + len(episodes.waiting) + group_size <= bound:
+            while admits(state.accepted, len(episodes.running) + len(episodes.waiting), group_size,
+                         state.weights_version, job.staleness, batch):
                 task = run.task(state.cursor)
                 uid = f"a{state.cursor}-{task.id}"
                 state.cursor += 1

@@ -46,6 +46,10 @@ class SimOptions:
         if self.concurrency < 1:
             raise ValueError(f"concurrency={self.concurrency} must be >= 1")
 
+    def seconds(self, new_prompt_tokens: int, generated_tokens: int) -> float:
+        """How long one request holds its slot (the latency model; also the fleet simulator's)."""
+        return self.prefill_s_per_token * new_prompt_tokens + self.decode_s_per_token * generated_tokens
+
 
 class SimEngine:
     """See the module docstring."""
@@ -74,8 +78,7 @@ class SimEngine:
             generation = await self.expert.generate(prompt_ids, sampling, affinity)
             cached = self._cached.pop(affinity, 0) if affinity is not None else 0
             new_tokens = len(prompt_ids) - min(cached, len(prompt_ids))
-            seconds = (self.options.prefill_s_per_token * new_tokens
-                       + self.options.decode_s_per_token * len(generation.token_ids))
+            seconds = self.options.seconds(new_tokens, len(generation.token_ids))
             await asyncio.sleep(seconds)
             self.busy_s += seconds
             if affinity is not None:
