@@ -545,8 +545,9 @@ def write_doc(report: Report, doc: Path, command: str) -> None:
     figure.tight_layout()
     png = doc.with_suffix(".png")
     figure.savefig(png, dpi=110)
-    b, a = report.base, report.autoscale
+    b, a, r = report.base, report.autoscale, report.rows
     lat = b.latency
+    cap = min(report.capacity, report.learner_rate)
     w = Workload()
     text = f"""# The fleet simulator
 
@@ -585,6 +586,34 @@ out a change of size (the rules of `ElasticFleet`). The module docstring of
 ```
 
 ![replicas and pending episodes over time]({png.name})
+
+## Reading it
+
+- **Async against sync.** A sync step waits for its slowest episode (the 200-turn tail), so the
+  fleet is {1 - r["sync"]["utilisation"]:.0%} idle and overlapping sync's two phases perfectly would
+  gain only {report.overlap_speedup:.2f}x; async gains far more than that bound because it also stops
+  waiting for the tail. What limits it is the staleness bound η: a group reaches the learner only
+  when its slowest sample ends, finished samples of unfinished groups count against
+  `(η + version + 1) × batch`, and samples older than η versions are dropped. η = 1 (the default of
+  `turnstile train`) reaches {r["async η=1"]["samples_per_s"] / cap:.0%} of the capacity bound, η = 4
+  {r["async η=4"]["samples_per_s"] / cap:.0%}: with long-tailed agents, raise η (and watch the
+  importance ratios) before buying replicas.
+- **Autoscaling under the training load** follows the admission bound's sawtooth: at η = 2 it keeps
+  {r["async η=2, autoscaled"]["samples_per_s"] / r["async η=2"]["samples_per_s"]:.0%} of the static
+  fleet's throughput at {r["async η=2, autoscaled"]["replica_s"] / r["async η=2"]["replica_s"]:.0%} of its
+  replica-seconds.
+- **Bursts.** The autoscaled fleet grows within {a.up_delay_s + b.start_s + lat.load_s:.0f} s of a
+  burst (delay, start, load) and follows the long tail down; it keeps
+  {r["bursty autoscaled"]["samples_per_s"] / r["bursty static-max"]["samples_per_s"]:.0%} of the
+  static maximum's throughput at {r["bursty autoscaled"]["replica_s"] / r["bursty static-max"]["replica_s"]:.0%}
+  of its replica-seconds (targets: within 10%, at most 60%); its p99 episode time is
+  {r["bursty autoscaled"]["p99_episode_s"]:.0f} s against {r["bursty static-max"]["p99_episode_s"]:.0f} s. The
+  static minimum costs less still but falls behind every burst.
+- **Moves** are turns that ran on another replica than the episode's previous turn (their context
+  prefilled again): the router moves an episode off a replica with more than
+  `EngineRouter.MOVE_AFTER` requests beyond the least loaded, and a drained replica's episodes move.
+  Without that rule, episodes that began on the small fleet stay queued there while the replicas
+  that joined idle (the simulator found it; `tests/test_fleet_sim.py` keeps it found).
 """
     doc.write_text(text, encoding="utf-8")
 

@@ -23,6 +23,7 @@ is waiting, not on latency that is already lost.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -164,17 +165,20 @@ class Schedule:
 
 
 class Sizer:
-    """The size a fleet should have now: the policy's answer, clamped into ``[min, max]``, taken
-    once it has been wanted for ``up_delay_s`` (growing) or ``down_delay_s`` (shrinking). With no
-    policy (autoscaling off) the size stays what it was configured. Time is the caller's, so the
-    same rule runs on a real clock (the fleet) and a simulated one (``benchmarks/fleet_sim.py``)."""
+    """The size a fleet should have now, from the policy's answers (each clamped into ``[min, max]``)
+    over time, for replicas and workers each: it grows to the smallest answer of the last
+    ``up_delay_s`` when every one of them wanted more, and shrinks to the largest answer of the last
+    ``down_delay_s`` when every one of them wanted less (a stabilisation window, as Kubernetes'
+    horizontal autoscaler has). A load that keeps falling is followed down step by step; a single
+    dip or spike shorter than the delay changes nothing. With no policy (autoscaling off) the size
+    stays what it was configured. Time is the caller's, so the same rule runs on a real clock (the
+    fleet) and a simulated one (``benchmarks/fleet_sim.py``)."""
 
     def __init__(self, config: AutoscaleConfig, policy: ScalePolicy | None, engines: int, workers: int) -> None:
         self.config, self.policy = config, policy
         self.wanted = self.clamp(engines, workers)
         self.reason = "the configured size"  # why the fleet has its wanted size
-        self._held: tuple[int, int] | None = None  # a different size the policy wants, since _held_since
-        self._held_since = 0.0
+        self._answers: deque[tuple[float, tuple[int, int]]] = deque()  # (when, clamped answer), oldest first
 
     def clamp(self, engines: int, workers: int) -> tuple[int, int]:
         if self.policy is None:
@@ -187,14 +191,31 @@ class Sizer:
         if self.policy is None:
             return None
         want = self.policy.decide(view)
-        target = self.clamp(want.engines, want.workers)
-        if target == self.wanted:
-            self._held = None
+        self._answers.append((now, self.clamp(want.engines, want.workers)))
+        longest = max(self.config.up_delay_s, self.config.down_delay_s)
+        while len(self._answers) > 1 and self._answers[1][0] <= now - longest:
+            self._answers.popleft()  # keep the one in effect at the start of the longest window
+        size = tuple(self._settle(d, now) for d in (0, 1))
+        if size == self.wanted:
             return None
-        if target != self._held:
-            self._held, self._held_since = target, now
-        growing = target[0] > self.wanted[0] or target[1] > self.wanted[1]
-        if now - self._held_since < (self.config.up_delay_s if growing else self.config.down_delay_s):
-            return None
-        self.wanted, self.reason, self._held = target, want.reason, None
-        return Want(*target, want.reason)
+        self.wanted, self.reason = size, want.reason  # type: ignore[assignment]
+        return Want(*size, want.reason)
+
+    def _settle(self, d: int, now: float) -> int:
+        current = self.wanted[d]
+        up = self._window(d, now, self.config.up_delay_s)
+        if up and min(up) > current:
+            return min(up)
+        down = self._window(d, now, self.config.down_delay_s)
+        if down and max(down) < current:
+            return max(down)
+        return current
+
+    def _window(self, d: int, now: float, delay: float) -> list[int]:
+        """The answers in effect over the last ``delay`` seconds; empty when the answers do not reach
+        back that far yet."""
+        start = now - delay
+        if not self._answers or self._answers[0][0] > start:
+            return []
+        first = max(i for i, (at, _) in enumerate(self._answers) if at <= start)
+        return [answer[d] for _, answer in list(self._answers)[first:]]

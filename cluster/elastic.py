@@ -142,6 +142,12 @@ class ElasticFleet:
                 ray.kill(worker)
             self._replicas.clear()
             self._pending_workers.clear()
+            if self._asked is not None:  # the standing request would keep the nodes after the run
+                from ray.autoscaler.sdk import request_resources
+
+                with contextlib.suppress(Exception):  # noqa: BLE001 - closing must finish; Ray may be going down
+                    request_resources(bundles=[])
+                self._asked = None
 
     # -- publishing ------------------------------------------------------------------------------
     async def publish(self, weights: Mapping[str, torch.Tensor], version: int, *, mode: str,

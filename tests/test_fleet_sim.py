@@ -49,6 +49,10 @@ def test_the_sizer_holds_a_change_for_its_delay_and_clamps_it() -> None:
     assert sizer.update(_view(21, 0), 21.0) is None and sizer.update(_view(50, 0), 50.0) is None
     shrunk = sizer.update(_view(51, 0), 51.0)
     assert shrunk is not None and sizer.wanted == (1, 1)
+    # A load that keeps falling is followed down within the delay, not held until it settles.
+    falling = Sizer(config, build_policy(config), 3, 4)
+    sizes = [falling.update(_view(t, max(0, 12 - t // 4)), float(t)) and falling.wanted[0] for t in range(80)]
+    assert falling.wanted == (1, 1) and sizes.index(2) < sizes.index(1) <= 30 + 4 * 12, sizes
     fixed = Sizer(AutoscaleConfig(), None, 2, 3)  # autoscaling off: the configured size, always
     assert fixed.update(_view(0, 100), 100.0) is None and fixed.wanted == (2, 3)
 
