@@ -9,7 +9,8 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("serve_corpus", "episode", "expert", "build_model", "rollout", "score", "credit", "data", "sft", "train")
+COMMANDS = ("serve_corpus", "episode", "expert", "build_model", "rollout", "score", "credit", "data", "sft", "train",
+            "eval")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

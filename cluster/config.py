@@ -60,12 +60,21 @@ def load_config(schema: type[T], path: str | Path | None = None,
                               f"quote the whole override when the value holds spaces") from None
         _refuse_glued_colons(layer, item)
         layers.append((f"override {item!r}", layer))
+    for at in range(1, len(layers)):  # a layer that cannot merge with those before it, named
+        try:
+            OmegaConf.merge(*(layer for _, layer in layers[:at + 1]))
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{layers[at][0]} does not fit the config before it ({error}); a list "
+                              "is set whole (key=[...]), not item by item") from None
     if layers:
         _options_follow_kind(base, OmegaConf.merge(*(layer for _, layer in layers)))
     merged = base
     for source, layer in layers:
         try:
             merged = OmegaConf.merge(merged, layer)
+        except TypeError as error:
+            raise ConfigError(f"{source} does not fit the config ({error}); a list is set whole "
+                              "(key=[...]), not item by item") from None
         except (ConfigKeyError, ConfigAttributeError) as error:
             key = _full_key(error)
             raise ConfigError(f"{source}: unknown key '{key}'. Check the spelling; the known keys "

@@ -67,7 +67,7 @@ from rollout.workers import WorkerSpec
 MODES = ("sync", "async")
 
 
-def _default_rollout() -> RolloutConfig:
+def default_rollout() -> RolloutConfig:
     """The embedded default (as examples/train.yaml): synthetic questions answered on one page, the
     warm start on vLLM with the corpus where its data was served, 4 samples per task, the scripted
     expert's episode settings."""
@@ -90,7 +90,7 @@ class TrainJob:
     steps: int = 10
     tasks_per_step: int = 8  # tasks per step; each gets rollout.group_size samples
     shuffle: bool = True  # train tasks in a new random order each pass (seed: learner.seed); false = list order
-    rollout: RolloutConfig = field(default_factory=_default_rollout)  # data, engine, fleet, episode, ...
+    rollout: RolloutConfig = field(default_factory=default_rollout)  # data, engine, fleet, episode, ...
     eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
         kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)))  # all 110 held out
     rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("exact_match"), RewardSpec("format")])

@@ -34,6 +34,9 @@ def test_a_training_job_on_an_autoscaling_cluster(tmp_path: Path) -> None:
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     assert result.returncode == 0 and lines, result.stderr[-3000:]
     report = json.loads(lines[-1])
+    print(json.dumps({"nodes": report["nodes"][::5], "replica_nodes": report["replica_nodes"],
+                      "killed": report["killed"], "events": [(e["at_s"], e["action"], e["member"])
+                                                               for e in report["events"]]}))
     # Every step trained; every task's G samples exactly once.
     assert report["steps"] == 2 and report["weights_version"] == 2
     assert report["samples"] == report["distinct_samples"] == 2 * 4 * 4

@@ -1,0 +1,48 @@
+"""``turnstile eval``: k samples of every benchmark question on the fleet, pass@k, avg@k and maj@k
+(see :mod:`cluster.eval`).
+
+    turnstile eval                                              # the warm start on the synthetic held-out questions
+    turnstile eval --config examples/eval.yaml k=8 rollout.engine.model=DIR out=runs/eval-x
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+NAME = "eval"
+HELP = "Evaluate a policy on benchmarks: k samples per question, pass@1..k, avg@k, maj@k (resumable)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.yaml", help="evaluation YAML (default: built-in)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, e.g. k=8 out=runs/eval rollout.engine.model=DIR")
+
+
+def run(args: argparse.Namespace) -> int:
+    # imported here: the command line (and --help) starts without them
+    from cluster.config import dump_config, load_config
+    from cluster.dispatch import NoWorkersLeft
+    from cluster.eval import EvalConfig, render, run_eval
+    from envs.corpus_server import CorpusServerError
+
+    try:
+        cfg = load_config(EvalConfig, args.config, args.overrides)
+    except ValueError as error:  # ConfigError and the config's own checks
+        print(f"turnstile eval: {error}")
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    names = ", ".join(bench.name for bench in cfg.benchmarks)
+    print(f"eval: {names}; k={cfg.k}; engine {cfg.rollout.engine.kind} ({cfg.rollout.engine.model}); out {cfg.out}")
+    try:
+        summary = run_eval(cfg, progress=not args.no_progress)
+    except (ValueError, FileNotFoundError, CorpusServerError, NoWorkersLeft) as error:  # each says what to do
+        print(f"turnstile eval: {error}")
+        return 1
+    (Path(cfg.out) / "config.yaml").write_text(dump_config(cfg))
+    print(render(summary))
+    print(f"results: {cfg.out}/results.jsonl, summary: {cfg.out}/summary.json")
+    return 0

@@ -1,0 +1,202 @@
+"""``turnstile eval``: k samples of every question of one or more benchmarks on the rollout fleet,
+judged, scored (pass@1..k, avg@k, maj@k with 95% intervals) and written as they finish.
+
+Reads like :func:`cluster.rollout.run_rollout`: serve the corpus, load every benchmark's tasks
+(checked together before any actor starts), start the fleet (``rollout.*`` as in train: engine,
+fleet, context, episode, tools, corpus, ray; ``rollout.data`` and ``rollout.group_size`` are not
+used, ``benchmarks`` and ``k`` are), run the samples not yet in ``OUT/results.jsonl``, then score.
+
+- **Outputs.** ``OUT/results.jsonl``, one line per (benchmark, question, sample), appended as each
+  episode ends; ``OUT/summary.json``, per benchmark its questions, k and every score as
+  ``[mean, low, high]``; the same as a table on the console.
+- **Resumable.** A killed eval continues with the samples it has no line for; a line cut short by
+  the kill is cut off (and its sample run again).
+- **Encrypted benchmarks** (BrowseComp-ZH, xbench-DeepSearch: published encrypted so their text
+  stays off the web) never put a decrypted question, gold answer or the policy's answer into a file
+  or a log: their lines carry ids and a digest of the normalised answer (for the majority vote).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from cluster.dispatch import Dispatcher
+from cluster.eval_metrics import benchmark_scores
+from cluster.metrics import browse_ratio
+from cluster.rollout import (RolloutConfig, expert_engine, fleet, init_ray, servable_tasks,
+                             serve_corpus)
+from cluster.train import default_rollout
+from cluster.warm_start import DEFAULT_TASKS
+from envs.answers import normalize_answer
+from envs.datasets.registry import DatasetConfig
+from rollout.model_store import resolve_model
+from rollout.summary import is_correct
+from rollout.trajectory import Trajectory
+from rollout.workers import WorkerSpec
+
+log = logging.getLogger(__name__)
+ENCRYPTED_KINDS = frozenset({"browsecomp_zh", "xbench"})  # loaders that decrypt in memory
+JUDGES = ("exact_match",)
+
+
+@dataclass
+class BenchmarkConfig:
+    data: DatasetConfig
+    name: str = ""  # in the outputs; "" = the data's kind
+    judge: str = "exact_match"  # exact match after normalisation (envs.answers)
+
+    def __post_init__(self) -> None:
+        if self.judge not in JUDGES:
+            raise ValueError(f"judge={self.judge!r} is not one of {', '.join(JUDGES)}")
+        self.name = self.name or self.data.kind
+
+    @property
+    def encrypted(self) -> bool:
+        return self.data.kind in ENCRYPTED_KINDS
+
+
+def _default_benchmarks() -> list[BenchmarkConfig]:
+    return [BenchmarkConfig(DatasetConfig(kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)),
+                            name="synthetic-heldout")]
+
+
+@dataclass
+class EvalConfig:
+    """One evaluation (``examples/eval.yaml``)."""
+
+    benchmarks: list[BenchmarkConfig] = field(default_factory=_default_benchmarks)
+    k: int = 4  # samples per question
+    rollout: RolloutConfig = field(default_factory=default_rollout)  # the policy and its environment
+    out: str = "runs/eval"
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k={self.k} must be >= 1 (samples per question)")
+        if not self.benchmarks:
+            raise ValueError("benchmarks is empty: name at least one")
+        names = [b.name for b in self.benchmarks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"benchmark names must differ (set name: for two of one kind); got {names}")
+
+
+def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, object]]:
+    """Run what ``OUT/results.jsonl`` lacks, then write and return the summary."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    drop_partial_line(results)
+    done = {(row["benchmark"], row["task_id"], row["sample"]) for row in read_results(results)}
+    rollout = cfg.rollout
+    init_ray(rollout.ray)
+    model = resolve_model(rollout.engine.model)
+    started = time.monotonic()
+    with serve_corpus(rollout.corpus) as corpus:
+        engine = rollout.engine
+        for bench in cfg.benchmarks:
+            engine = expert_engine(engine, bench.data)
+        task_lists = servable_tasks([b.data for b in cfg.benchmarks], corpus, engine)
+        by_uid = {}
+        episodes = []
+        for bench, tasks in zip(cfg.benchmarks, task_lists, strict=True):
+            for task in tasks:
+                uid = f"{bench.name}/{task.id}"
+                by_uid[uid] = bench
+                episodes += [(task, uid, s) for s in range(cfg.k) if (bench.name, task.id, s) not in done]
+        if episodes:
+            spec = WorkerSpec(tools=rollout.tools, episode=rollout.episode, context=rollout.context,
+                              corpus=corpus, model=model)
+            with fleet(engine, rollout.fleet, spec, name=f"turnstile-eval-{uuid.uuid4().hex[:8]}",
+                       events=out / "fleet.jsonl") as running:
+                dispatcher = Dispatcher(running.pool, rollout.fleet.max_episode_attempts)
+                dispatcher.submit(episodes)
+                bar = tqdm(total=len(episodes) + len(done), initial=len(done), desc="samples", unit="ep",
+                           disable=not progress)
+                with results.open("a", encoding="utf-8") as sink:
+                    while dispatcher.busy:
+                        for trajectory in dispatcher.wait(timeout=1.0):
+                            sink.write(json.dumps(result_row(by_uid[trajectory.uid], trajectory)) + "\n")
+                            bar.update(1)
+                        sink.flush()
+                bar.close()
+    summary = summarize_results(cfg, read_results(results), task_lists)
+    (out / "summary.json").write_text(json.dumps({"benchmarks": summary, "wall_s": time.monotonic() - started},
+                                                 indent=1) + "\n")
+    return summary
+
+
+def result_row(bench: BenchmarkConfig, trajectory: Trajectory) -> dict[str, object]:
+    """One sample's line of ``results.jsonl`` (no decrypted text for an encrypted benchmark)."""
+    tools = [turn.tool for turn in trajectory.turns if turn.tool]
+    answer = trajectory.answer if trajectory.answered else None
+    return {"benchmark": bench.name, "task_id": trajectory.task_id, "sample": trajectory.sample,
+            "answer": None if bench.encrypted else answer,
+            "answer_key": hashlib.sha256(normalize_answer(answer).encode()).hexdigest()[:16] if answer else None,
+            "correct": is_correct(trajectory), "turns": len(trajectory.turns), "tool_calls": len(tools),
+            "browse_ratio": browse_ratio([trajectory]), "stop_reason": trajectory.stop_reason.value,
+            "wall_s": round(trajectory.wall_s, 3)}
+
+
+def drop_partial_line(path: Path) -> None:
+    """Cut a last line a kill left without its newline, so the lines appended next stand alone
+    (its sample runs again)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):
+        log.warning("%s: its last line was cut short (an eval killed while writing it); that sample runs again", path)
+        with path.open("r+b") as file:
+            file.truncate(data.rfind(b"\n") + 1)
+
+
+def read_results(path: Path) -> Iterator[dict]:
+    """The lines of ``results.jsonl`` so far; one cut short by a kill (the last) is skipped."""
+    if not path.is_file():
+        return
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("%s:%d: not a whole line (an eval killed while writing it); that sample runs again",
+                            path, number)
+                continue
+            if isinstance(row, dict) and {"benchmark", "task_id", "sample", "correct"} <= set(row):
+                yield row
+
+
+def summarize_results(cfg: EvalConfig, rows: Iterator[dict], task_lists: list) -> dict[str, dict[str, object]]:
+    """Per benchmark: its questions, k and the scores over the questions that have all k samples."""
+    samples: dict[tuple[str, str], dict[int, dict]] = {}
+    for row in rows:
+        samples.setdefault((row["benchmark"], row["task_id"]), {})[int(row["sample"])] = row
+    summary = {}
+    for bench, tasks in zip(cfg.benchmarks, task_lists, strict=True):
+        questions = []
+        for task in tasks:
+            got = samples.get((bench.name, task.id), {})
+            if all(s in got for s in range(cfg.k)):
+                ordered = [got[s] for s in range(cfg.k)]
+                questions.append(([r["answer_key"] for r in ordered], [bool(r["correct"]) for r in ordered]))
+        summary[bench.name] = {"tasks": len(questions), "k": cfg.k, **benchmark_scores(questions, cfg.k)}
+    return summary
+
+
+def render(summary: dict[str, dict[str, object]]) -> str:
+    """The console table: one row per benchmark, each score as mean [low, high] in percent."""
+    lines = []
+    for name, scores in summary.items():
+        lines.append(f"{name}: {scores['tasks']} questions, k={scores['k']}")
+        for key, value in scores.items():
+            if isinstance(value, list):
+                mean, low, high = value
+                lines.append(f"  {key:<8} {100 * mean:5.1f}%  [{100 * low:5.1f}, {100 * high:5.1f}]")
+    return "\n".join(lines)

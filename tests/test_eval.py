@@ -1,0 +1,124 @@
+"""``turnstile eval`` end to end: every (question, sample) once, scores that agree with the lines,
+a run killed mid-way that continues without redoing what it finished, bad settings refused, and no
+decrypted text of an encrypted benchmark in any output or log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from cluster.config import load_config
+from cluster.eval import EvalConfig
+from cluster.eval_metrics import pass_at_k
+from envs.datasets.registry import DatasetConfig, load_tasks
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "eval.yaml"
+TURNSTILE = str(Path(sys.executable).parent / "turnstile")
+# The scripted expert at a model server's pace (0.5 s a turn), two episodes at a time: slow enough
+# to be killed half-way.
+SLOW_EXPERT = ["rollout.engine.kind=sim", "rollout.engine.options={decode_s_per_token: 0.01, concurrency: 2}",
+               "rollout.fleet.episodes_per_worker=2", "rollout.corpus.port=0", "k=2",
+               "benchmarks=[{name: synthetic-heldout, data: {kind: synthetic, path: '', split: eval, limit: 8, "
+               "options: {min_hops: 1, max_hops: 1, entity_answer_fraction: 1.0, aggregation_fraction: 0.0, count: 1200}}}]",
+               "rollout.ray.num_cpus=2"]
+
+
+def _eval(args: list[str], **kwargs: object) -> subprocess.Popen:
+    return subprocess.Popen([TURNSTILE, "eval", "--config", str(EXAMPLE), "--no-progress",
+                             *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, **kwargs)
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(600)
+def test_a_killed_eval_continues_and_every_sample_is_scored_once(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    first = _eval([*SLOW_EXPERT, f"out={out}"])
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and first.poll() is None:
+        if (out / "results.jsonl").is_file() and len(_rows(out)) >= 4:
+            break
+        time.sleep(0.2)
+    assert first.poll() is None, first.stdout.read() if first.stdout else ""
+    os.killpg(first.pid, signal.SIGKILL)  # the driver and the Ray it started
+    first.wait(timeout=30)
+    killed_at = len(_rows(out))
+    assert 4 <= killed_at < 16 and not (out / "summary.json").exists()
+    with (out / "results.jsonl").open("a") as cut:  # a line the kill cut short
+        cut.write('{"benchmark": "synthetic-heldout", "task_id": "synth')
+
+    second = _eval([*SLOW_EXPERT, f"out={out}"])
+    log, _ = second.communicate(timeout=400)
+    assert second.returncode == 0, log
+    rows = _rows_tolerant(out)
+    keys = Counter((row["benchmark"], row["task_id"], row["sample"]) for row in rows)
+    assert len(keys) == 16 and set(keys.values()) == {1}, keys  # 8 questions x 2 samples, each once
+    summary = json.loads((out / "summary.json").read_text())["benchmarks"]["synthetic-heldout"]
+    by_task: dict[str, list[bool]] = {}
+    for row in rows:
+        by_task.setdefault(row["task_id"], []).append(row["correct"])
+    assert summary["tasks"] == 8 and summary["k"] == 2
+    expected = sum(pass_at_k(2, sum(c), 1) for c in by_task.values()) / 8
+    assert summary["pass@1"][0] == pytest.approx(expected) and summary["pass@1"][1] <= expected <= summary["pass@1"][2]
+    assert set(summary) == {"tasks", "k", "pass@1", "pass@2", "avg@2", "maj@2"}
+    assert all(row["turns"] >= 1 and row["stop_reason"] for row in rows)
+    assert "pass@1" in log and "synthetic-heldout: 8 questions, k=2" in log
+
+
+def _rows_tolerant(out: Path) -> list[dict]:
+    rows = []
+    for line in (out / "results.jsonl").read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    for override, words in ((["k=0"], "k=0"), (["benchmarks=[]"], "benchmarks is empty"),
+                            (["benchmarks.0.limit=3"], "a list is set whole"),
+                            (["benchmarks=[{data: {kind: jsonl, path: x}, judge: vibes}]"], "judge='vibes'")):
+        with pytest.raises(ValueError, match=words):
+            load_config(EvalConfig, EXAMPLE, override)
+    result = subprocess.run([TURNSTILE, "eval", "k=0", f"out={tmp_path}"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "k=0 must be >= 1" in result.stdout and "Traceback" not in result.stderr
+
+
+@pytest.mark.timeout(600)
+def test_an_encrypted_benchmark_leaves_no_decrypted_text_in_outputs_or_logs(tmp_path: Path, shared_data: Path) -> None:
+    path = shared_data / "benchmarks" / "DeepSearch-2505.csv"
+    tasks = load_tasks(DatasetConfig(kind="xbench", path=str(path), limit=3))
+    out = tmp_path / "eval"
+    bench = f"benchmarks=[{{name: xbench-2505, data: {{kind: xbench, path: {path}, limit: 3}}}}]"
+    # The random-weight model: it answers nothing useful, but every question goes through the fleet.
+    run = _eval([bench, "k=1", f"out={out}", "rollout.engine.kind=hf", "rollout.engine.model=tiny-qwen3",
+                 "rollout.episode.max_new_tokens=24", "rollout.episode.env.max_turns=2", "rollout.corpus.port=0",
+                 "rollout.ray.num_cpus=2"])
+    log, _ = run.communicate(timeout=500)
+    assert run.returncode == 0, log
+    rows = _rows(out)
+    assert len(rows) == 3 and all(row["answer"] is None for row in rows)
+    written = log + "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+    checked = 0
+    for task in tasks:  # answers too short to be told from other text ("4") are not looked for
+        for text in (task.question, *(a for a in task.answers if len(a.strip()) >= 6)):
+            fragment = text.strip()[:12]
+            assert fragment not in written, f"{task.id}: decrypted text in the outputs"
+            checked += 1
+    assert checked >= len(tasks)
+    assert {row["task_id"] for row in rows} == {task.id for task in tasks}
