@@ -8,7 +8,8 @@ used, ``benchmarks`` and ``k`` are), run the samples not yet in ``OUT/results.js
 
 - **Outputs.** ``OUT/results.jsonl``, one line per (benchmark, question, sample), appended as each
   episode ends; ``OUT/summary.json``, per benchmark its questions, k and every score as
-  ``[mean, low, high]``; the same as a table on the console.
+  ``[mean, low, high]``; the same as a table on the console; ``OUT/eval.png``, pass@k against k,
+  the browse ratio of correct and wrong samples and the turns per sample.
 - **Resumable.** A killed eval continues with the samples it has no line for; a line cut short by
   the kill is cut off (and its sample run again).
 - **Encrypted benchmarks** (BrowseComp-ZH, xbench-DeepSearch: published encrypted so their text
@@ -18,6 +19,7 @@ used, ``benchmarks`` and ``k`` are), run the samples not yet in ``OUT/results.js
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -30,14 +32,17 @@ from pathlib import Path
 from tqdm import tqdm
 
 from cluster.dispatch import Dispatcher
-from cluster.eval_metrics import benchmark_scores
+from cluster.eval_metrics import benchmark_scores, mean_interval
 from cluster.metrics import browse_ratio
 from cluster.rollout import (RolloutConfig, expert_engine, fleet, init_ray, servable_tasks,
                              serve_corpus)
 from cluster.train import default_rollout
 from cluster.warm_start import DEFAULT_TASKS
 from envs.answers import normalize_answer
+from envs.tasks import Task
 from envs.datasets.registry import DatasetConfig
+from rewards.apply import score_groups
+from rewards.base import RewardSpec, build_reward
 from rollout.model_store import resolve_model
 from rollout.summary import is_correct
 from rollout.trajectory import Trajectory
@@ -45,18 +50,24 @@ from rollout.workers import WorkerSpec
 
 log = logging.getLogger(__name__)
 ENCRYPTED_KINDS = frozenset({"browsecomp_zh", "xbench"})  # loaders that decrypt in memory
-JUDGES = ("exact_match",)
+JUDGES = ("exact_match", "f1", "llm_judge")
 
 
 @dataclass
 class BenchmarkConfig:
     data: DatasetConfig
     name: str = ""  # in the outputs; "" = the data's kind
-    judge: str = "exact_match"  # exact match after normalisation (envs.answers)
+    # The outcome plugin that judges an answer (rewards.outcome): exact_match, f1 (its mean is
+    # reported as f1@k; "correct" stays the exact match) or llm_judge (BrowseComp's grader over an
+    # OpenAI-compatible endpoint; an exact match never reaches it).
+    judge: RewardSpec = field(default_factory=lambda: RewardSpec("exact_match"))
 
     def __post_init__(self) -> None:
-        if self.judge not in JUDGES:
-            raise ValueError(f"judge={self.judge!r} is not one of {', '.join(JUDGES)}")
+        if self.judge.kind not in JUDGES:
+            raise ValueError(f"judge.kind={self.judge.kind!r} is not one of {', '.join(JUDGES)}")
+        # An answer's score, not training's format penalty (a malformed answer has no answer: 0).
+        self.judge = RewardSpec(self.judge.kind, {"format_penalty": False, **self.judge.options})
+        build_reward(self.judge)  # its options checked now, not after the first episodes
         self.name = self.name or self.data.kind
 
     @property
@@ -104,12 +115,12 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
         for bench in cfg.benchmarks:
             engine = expert_engine(engine, bench.data)
         task_lists = servable_tasks([b.data for b in cfg.benchmarks], corpus, engine)
-        by_uid = {}
+        by_uid, tasks_by_uid = {}, {}
         episodes = []
         for bench, tasks in zip(cfg.benchmarks, task_lists, strict=True):
             for task in tasks:
                 uid = f"{bench.name}/{task.id}"
-                by_uid[uid] = bench
+                by_uid[uid], tasks_by_uid[uid] = bench, task
                 episodes += [(task, uid, s) for s in range(cfg.k) if (bench.name, task.id, s) not in done]
         if episodes:
             spec = WorkerSpec(tools=rollout.tools, episode=rollout.episode, context=rollout.context,
@@ -122,15 +133,29 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                            disable=not progress)
                 with results.open("a", encoding="utf-8") as sink:
                     while dispatcher.busy:
-                        for trajectory in dispatcher.wait(timeout=1.0):
+                        finished = dispatcher.wait(timeout=1.0)
+                        for trajectory in judge(finished, by_uid, tasks_by_uid):
                             sink.write(json.dumps(result_row(by_uid[trajectory.uid], trajectory)) + "\n")
                             bar.update(1)
                         sink.flush()
                 bar.close()
-    summary = summarize_results(cfg, read_results(results), task_lists)
+    rows = list(read_results(results))
+    summary = summarize_results(cfg, iter(rows), task_lists)
+    write_figure(out / "eval.png", summary, rows)
     (out / "summary.json").write_text(json.dumps({"benchmarks": summary, "wall_s": time.monotonic() - started},
                                                  indent=1) + "\n")
     return summary
+
+
+def judge(trajectories: list[Trajectory], benches: dict[str, BenchmarkConfig],
+          tasks: dict[str, Task]) -> list[Trajectory]:
+    """Each benchmark's judge over its finished samples (one sample's failure, a judge endpoint
+    down say, leaves it unscored and counted wrong, with the error in its line)."""
+    for name in {benches[t.uid].name for t in trajectories}:
+        mine = [t for t in trajectories if benches[t.uid].name == name]
+        spec = benches[mine[0].uid].judge
+        asyncio.run(score_groups([spec], mine, {t.task_id: tasks[t.uid] for t in mine}))
+    return trajectories
 
 
 def result_row(bench: BenchmarkConfig, trajectory: Trajectory) -> dict[str, object]:
@@ -142,7 +167,10 @@ def result_row(bench: BenchmarkConfig, trajectory: Trajectory) -> dict[str, obje
             "answer_key": hashlib.sha256(normalize_answer(answer).encode()).hexdigest()[:16] if answer else None,
             "correct": is_correct(trajectory), "turns": len(trajectory.turns), "tool_calls": len(tools),
             "browse_ratio": browse_ratio([trajectory]), "stop_reason": trajectory.stop_reason.value,
-            "wall_s": round(trajectory.wall_s, 3)}
+            "wall_s": round(trajectory.wall_s, 3),
+            "score": trajectory.outcome if trajectory.outcome is not None else 0.0,  # the judge's
+            **({"judge_error": trajectory.metadata["reward_error"]["error"]}
+               if "reward_error" in trajectory.metadata else {})}
 
 
 def drop_partial_line(path: Path) -> None:
@@ -180,14 +208,52 @@ def summarize_results(cfg: EvalConfig, rows: Iterator[dict], task_lists: list) -
         samples.setdefault((row["benchmark"], row["task_id"]), {})[int(row["sample"])] = row
     summary = {}
     for bench, tasks in zip(cfg.benchmarks, task_lists, strict=True):
-        questions = []
+        questions, f1 = [], []
         for task in tasks:
             got = samples.get((bench.name, task.id), {})
             if all(s in got for s in range(cfg.k)):
                 ordered = [got[s] for s in range(cfg.k)]
                 questions.append(([r["answer_key"] for r in ordered], [bool(r["correct"]) for r in ordered]))
+                f1.append(sum(float(r.get("score", 0.0)) for r in ordered) / cfg.k)
         summary[bench.name] = {"tasks": len(questions), "k": cfg.k, **benchmark_scores(questions, cfg.k)}
+        if bench.judge.kind == "f1":
+            summary[bench.name][f"f1@{cfg.k}"] = list(mean_interval(f1))
     return summary
+
+
+def write_figure(path: Path, summary: dict[str, dict[str, object]], rows: list[dict]) -> None:
+    """One PNG, three panels per run: pass@k against k with its interval, the browse ratio of
+    correct and wrong samples (DR-Venus' figure 4), and the turns per sample."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (curve, browse, turns) = plt.subplots(1, 3, figsize=(13, 3.8))
+    for name, scores in summary.items():
+        ks = [int(key.split("@")[1]) for key in scores if key.startswith("pass@")]
+        values = [scores[f"pass@{k}"] for k in ks]
+        curve.plot(ks, [100 * v[0] for v in values], marker="o", label=name)
+        curve.fill_between(ks, [100 * v[1] for v in values], [100 * v[2] for v in values], alpha=0.2)
+    curve.set(xlabel="k", ylabel="pass@k (%)", title="pass@k, 95% interval")
+    curve.xaxis.get_major_locator().set_params(integer=True)
+    curve.legend(fontsize=8)
+    names = list(summary)
+    for offset, (label, wanted) in enumerate((("correct", True), ("wrong", False))):
+        ratios = []
+        for name in names:
+            mine = [r["browse_ratio"] for r in rows if r["benchmark"] == name and bool(r["correct"]) is wanted]
+            ratios.append(sum(mine) / len(mine) if mine else 0.0)
+        browse.bar([i + 0.4 * offset for i in range(len(names))], ratios, width=0.4, label=label)
+    browse.set_xticks([i + 0.2 for i in range(len(names))], names, fontsize=8)
+    browse.set(ylabel="visits / tool calls", title="browse ratio")
+    browse.legend(fontsize=8)
+    for name in names:
+        turns.hist([r["turns"] for r in rows if r["benchmark"] == name], bins=20, histtype="step", label=name)
+    turns.set(xlabel="turns", ylabel="samples", title="turns per sample")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 def render(summary: dict[str, dict[str, object]]) -> str:

@@ -16,9 +16,13 @@ from pathlib import Path
 import pytest
 
 from cluster.config import load_config
-from cluster.eval import EvalConfig
+from cluster.eval import BenchmarkConfig, EvalConfig, judge, result_row, summarize_results
 from cluster.eval_metrics import pass_at_k
 from envs.datasets.registry import DatasetConfig, load_tasks
+from envs.protocol import StopReason
+from envs.tasks import Task
+from rewards.base import RewardSpec
+from rollout.trajectory import Trajectory
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
@@ -76,6 +80,7 @@ def test_a_killed_eval_continues_and_every_sample_is_scored_once(tmp_path: Path)
     assert set(summary) == {"tasks", "k", "pass@1", "pass@2", "avg@2", "maj@2"}
     assert all(row["turns"] >= 1 and row["stop_reason"] for row in rows)
     assert "pass@1" in log and "synthetic-heldout: 8 questions, k=2" in log
+    assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def _rows_tolerant(out: Path) -> list[dict]:
@@ -91,7 +96,9 @@ def _rows_tolerant(out: Path) -> list[dict]:
 def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
     for override, words in ((["k=0"], "k=0"), (["benchmarks=[]"], "benchmarks is empty"),
                             (["benchmarks.0.limit=3"], "a list is set whole"),
-                            (["benchmarks=[{data: {kind: jsonl, path: x}, judge: vibes}]"], "judge='vibes'")):
+                            (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: vibes}}]"], "judge.kind='vibes'"),
+                            (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: f1, options: {beta: 2}}}]"],
+                             "beta")):
         with pytest.raises(ValueError, match=words):
             load_config(EvalConfig, EXAMPLE, override)
     result = subprocess.run([TURNSTILE, "eval", "k=0", f"out={tmp_path}"], cwd=REPO,
@@ -122,3 +129,21 @@ def test_an_encrypted_benchmark_leaves_no_decrypted_text_in_outputs_or_logs(tmp_
             checked += 1
     assert checked >= len(tasks)
     assert {row["task_id"] for row in rows} == {task.id for task in tasks}
+
+
+def test_the_judge_scores_each_sample_and_f1_is_reported_beside_exact_match() -> None:
+    bench = BenchmarkConfig(DatasetConfig(kind="jsonl", path="x"), name="qa", judge=RewardSpec("f1"))
+    task = Task(id="t1", question="Where?", answers=("Paris France",))
+    samples = [Trajectory(uid="qa/t1", sample=i, task_id="t1", question="Where?", answers=["Paris France"],
+                          stop_reason=StopReason.ANSWERED, answer=answer)
+               for i, answer in enumerate(["Paris", "paris, France", None])]
+    samples[2].stop_reason = StopReason.NO_ANSWER
+    judge(samples, {"qa/t1": bench}, {"qa/t1": task})
+    rows = [result_row(bench, t) for t in samples]
+    assert [row["correct"] for row in rows] == [False, True, False]
+    assert [row["score"] for row in rows] == [pytest.approx(2 / 3), 1.0, 0.0]
+    assert rows[0]["answer"] == "Paris" and rows[2]["answer"] is None and rows[2]["answer_key"] is None
+    cfg = EvalConfig(benchmarks=[bench], k=3)
+    summary = summarize_results(cfg, iter(rows), [[task]])["qa"]
+    assert summary["tasks"] == 1 and summary["f1@3"][0] == pytest.approx((2 / 3 + 1) / 3)
+    assert summary["pass@1"][0] == pytest.approx(1 / 3) and summary["pass@3"][0] == 1.0
