@@ -36,9 +36,11 @@ from cluster.eval_metrics import benchmark_scores, mean_interval
 from cluster.metrics import browse_ratio
 from cluster.rollout import (RolloutConfig, expert_engine, fleet, init_ray, servable_tasks,
                              serve_corpus)
+from cluster.synthesis import SynthesisConfig, final_report, synthesize
 from cluster.train import default_rollout
 from cluster.warm_start import DEFAULT_TASKS
 from envs.answers import normalize_answer
+from envs.protocol import StopReason
 from envs.tasks import Task
 from envs.datasets.registry import DatasetConfig
 from rewards.apply import score_groups
@@ -87,6 +89,7 @@ class EvalConfig:
     benchmarks: list[BenchmarkConfig] = field(default_factory=_default_benchmarks)
     k: int = 4  # samples per question
     rollout: RolloutConfig = field(default_factory=default_rollout)  # the policy and its environment
+    synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)  # synth@n (cluster.synthesis)
     out: str = "runs/eval"
 
     def __post_init__(self) -> None:
@@ -106,6 +109,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
     results = out / "results.jsonl"
     drop_partial_line(results)
     done = {(row["benchmark"], row["task_id"], row["sample"]) for row in read_results(results)}
+    reports: dict[tuple[str, str, int], str] = {}  # this run's samples' final reports (for synth@n)
     rollout = cfg.rollout
     init_ray(rollout.ray)
     model = resolve_model(rollout.engine.model)
@@ -135,12 +139,17 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                     while dispatcher.busy:
                         finished = dispatcher.wait(timeout=1.0)
                         for trajectory in judge(finished, by_uid, tasks_by_uid):
-                            sink.write(json.dumps(result_row(by_uid[trajectory.uid], trajectory)) + "\n")
+                            row = result_row(by_uid[trajectory.uid], trajectory)
+                            reports[(row["benchmark"], row["task_id"], row["sample"])] = final_report(trajectory)
+                            sink.write(json.dumps(row) + "\n")
                             bar.update(1)
                         sink.flush()
                 bar.close()
     rows = list(read_results(results))
     summary = summarize_results(cfg, iter(rows), task_lists)
+    if cfg.synthesis.enabled:
+        for name, scores in run_synthesis(cfg, out, task_lists, rows, reports).items():
+            summary[name].update(scores)
     write_figure(out / "eval.png", summary, rows)
     (out / "summary.json").write_text(json.dumps({"benchmarks": summary, "wall_s": time.monotonic() - started},
                                                  indent=1) + "\n")
@@ -158,6 +167,58 @@ def judge(trajectories: list[Trajectory], benches: dict[str, BenchmarkConfig],
     return trajectories
 
 
+def run_synthesis(cfg: EvalConfig, out: Path, task_lists: list[list[Task]], rows: list[dict],
+                  reports: dict[tuple[str, str, int], str]) -> dict[str, dict[str, list[float]]]:
+    """synth@n for every benchmark (``OUT/synthesis.jsonl``, resumable like the results): the
+    synthesis model over the first n samples' final reports, judged by the benchmark's judge. A
+    plain benchmark's reports are in its result lines; an encrypted one's only in this run's memory,
+    so its questions sampled before a kill are left out (and counted in the log)."""
+    path = out / "synthesis.jsonl"
+    drop_partial_line(path)
+    have = {(r["benchmark"], r["task_id"], r["n"]): r for r in _json_lines(path)}
+    for row in rows:
+        if row.get("report") is not None:
+            reports.setdefault((row["benchmark"], row["task_id"], row["sample"]), row["report"])
+    ns = [n for n in sorted(set(cfg.synthesis.ns)) if n <= cfg.k]
+    jobs, keys = [], []
+    for bench, tasks in zip(cfg.benchmarks, task_lists, strict=True):
+        missing = 0
+        for task in tasks:
+            wanted = [n for n in ns if (bench.name, task.id, n) not in have]
+            texts = [reports.get((bench.name, task.id, s)) for s in range(max(wanted, default=0))]
+            if wanted and None in texts:
+                missing += 1
+                continue
+            for n in wanted:
+                jobs.append((task.question, texts[:n]))
+                keys.append((bench, task, n))
+        if missing:
+            log.warning("%s: %d questions have no reports for synthesis (sampled before a restart%s)", bench.name,
+                        missing, "; an encrypted benchmark's reports are never written" if bench.encrypted else "")
+    answers = asyncio.run(synthesize(cfg.synthesis, jobs)) if jobs else []
+    with path.open("a", encoding="utf-8") as sink:
+        for (bench, task, n), answer in zip(keys, answers, strict=True):
+            if isinstance(answer, Exception):
+                log.warning("%s/%s synth@%d: the synthesis model gave no reply (%s); left out", bench.name,
+                            task.id, n, answer)
+                continue
+            uid = f"{bench.name}/{task.id}"
+            verdict = Trajectory(uid=uid, sample=-n, task_id=task.id, question=task.question,
+                                 answers=list(task.answers), answer=answer,
+                                 stop_reason=StopReason.ANSWERED if answer else StopReason.NO_ANSWER)
+            judge([verdict], {uid: bench}, {uid: task})
+            row = {"benchmark": bench.name, "task_id": task.id, "n": n,
+                   "answer": None if bench.encrypted else answer, "correct": is_correct(verdict)}
+            have[(bench.name, task.id, n)] = row
+            sink.write(json.dumps(row) + "\n")
+    scores: dict[str, dict[str, list[float]]] = {}
+    for bench in cfg.benchmarks:
+        for n in ns:
+            values = [float(r["correct"]) for (name, _, m), r in have.items() if name == bench.name and m == n]
+            scores.setdefault(bench.name, {})[f"synth@{n}"] = list(mean_interval(values))
+    return scores
+
+
 def result_row(bench: BenchmarkConfig, trajectory: Trajectory) -> dict[str, object]:
     """One sample's line of ``results.jsonl`` (no decrypted text for an encrypted benchmark)."""
     tools = [turn.tool for turn in trajectory.turns if turn.tool]
@@ -169,6 +230,7 @@ def result_row(bench: BenchmarkConfig, trajectory: Trajectory) -> dict[str, obje
             "browse_ratio": browse_ratio([trajectory]), "stop_reason": trajectory.stop_reason.value,
             "wall_s": round(trajectory.wall_s, 3),
             "score": trajectory.outcome if trajectory.outcome is not None else 0.0,  # the judge's
+            "report": None if bench.encrypted else final_report(trajectory),  # for synth@n
             **({"judge_error": trajectory.metadata["reward_error"]["error"]}
                if "reward_error" in trajectory.metadata else {})}
 
@@ -186,7 +248,11 @@ def drop_partial_line(path: Path) -> None:
 
 
 def read_results(path: Path) -> Iterator[dict]:
-    """The lines of ``results.jsonl`` so far; one cut short by a kill (the last) is skipped."""
+    """The lines of ``results.jsonl`` so far (a line that is not a whole result is skipped)."""
+    return (row for row in _json_lines(path) if {"benchmark", "task_id", "sample", "correct"} <= set(row))
+
+
+def _json_lines(path: Path) -> Iterator[dict]:
     if not path.is_file():
         return
     with path.open(encoding="utf-8") as lines:
@@ -194,10 +260,9 @@ def read_results(path: Path) -> Iterator[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                log.warning("%s:%d: not a whole line (an eval killed while writing it); that sample runs again",
-                            path, number)
+                log.warning("%s:%d: not a whole line; its item runs again", path, number)
                 continue
-            if isinstance(row, dict) and {"benchmark", "task_id", "sample", "correct"} <= set(row):
+            if isinstance(row, dict):
                 yield row
 
 
@@ -235,7 +300,11 @@ def write_figure(path: Path, summary: dict[str, dict[str, object]], rows: list[d
         values = [scores[f"pass@{k}"] for k in ks]
         curve.plot(ks, [100 * v[0] for v in values], marker="o", label=name)
         curve.fill_between(ks, [100 * v[1] for v in values], [100 * v[2] for v in values], alpha=0.2)
-    curve.set(xlabel="k", ylabel="pass@k (%)", title="pass@k, 95% interval")
+        ns = [int(key.split("@")[1]) for key in scores if key.startswith("synth@")]
+        if ns:
+            curve.plot(ns, [100 * scores[f"synth@{n}"][0] for n in ns], marker="s", linestyle="--",
+                       label=f"{name} synth@n")
+    curve.set(xlabel="k (n for synth@n)", ylabel="%", title="pass@k and synth@n, 95% interval")
     curve.xaxis.get_major_locator().set_params(integer=True)
     curve.legend(fontsize=8)
     names = list(summary)

@@ -16,13 +16,16 @@ from pathlib import Path
 import pytest
 
 from cluster.config import load_config
-from cluster.eval import BenchmarkConfig, EvalConfig, judge, result_row, summarize_results
+from cluster.eval import BenchmarkConfig, EvalConfig, judge, result_row, run_synthesis, summarize_results
+from cluster.synthesis import SynthesisConfig
+from envs.chat_client import ChatClientConfig
 from cluster.eval_metrics import pass_at_k
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.protocol import StopReason
 from envs.tasks import Task
 from rewards.base import RewardSpec
 from rollout.trajectory import Trajectory
+from tests.openai_server import Reply, chat_server
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
@@ -96,6 +99,7 @@ def _rows_tolerant(out: Path) -> list[dict]:
 def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
     for override, words in ((["k=0"], "k=0"), (["benchmarks=[]"], "benchmarks is empty"),
                             (["benchmarks.0.limit=3"], "a list is set whole"),
+                            (["synthesis.enabled=true"], "synthesis.client.model is empty"),
                             (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: vibes}}]"], "judge.kind='vibes'"),
                             (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: f1, options: {beta: 2}}}]"],
                              "beta")):
@@ -147,3 +151,35 @@ def test_the_judge_scores_each_sample_and_f1_is_reported_beside_exact_match() ->
     summary = summarize_results(cfg, iter(rows), [[task]])["qa"]
     assert summary["tasks"] == 1 and summary["f1@3"][0] == pytest.approx((2 / 3 + 1) / 3)
     assert summary["pass@1"][0] == pytest.approx(1 / 3) and summary["pass@3"][0] == 1.0
+
+
+def test_synth_at_n_reads_the_first_n_reports_through_a_local_openai_server(tmp_path: Path) -> None:
+    bench = BenchmarkConfig(DatasetConfig(kind="jsonl", path="x"), name="qa")
+    tasks = [Task(id=f"t{i}", question=f"Who founded company {i}?", answers=(f"Founder {i}",)) for i in range(3)]
+    rows = [{"benchmark": "qa", "task_id": task.id, "sample": s, "correct": False,
+             "report": f"Sample {s} of {task.id} read the page. Final answer: guess {s}"}
+            for task in tasks for s in range(4)]
+
+    def respond(messages: list[dict[str, str]]) -> Reply:  # right once it reads two reports or more
+        prompt = messages[-1]["content"]
+        task = next(t for t in tasks if t.question in prompt)
+        if task.id == "t2":
+            return Reply("overloaded", status=503)
+        return Reply(f"<answer>{task.answers[0] if 'Report 2:' in prompt else 'someone else'}</answer>")
+
+    with chat_server(respond) as server:
+        synthesis = SynthesisConfig(enabled=True, ns=[1, 2, 4, 8],
+                                    client=ChatClientConfig(base_url=server.base_url, model="synth", api_key_env="",
+                                                            max_attempts=1))
+        cfg = EvalConfig(benchmarks=[bench], k=4, synthesis=synthesis)
+        scores = run_synthesis(cfg, tmp_path, [tasks], rows, {})["qa"]
+        asked = server.log.count
+    assert set(scores) == {"synth@1", "synth@2", "synth@4"}  # 8 > k
+    assert scores["synth@1"][0] == 0.0 and scores["synth@2"][0] == 1.0 and scores["synth@4"][0] == 1.0
+    written = [json.loads(line) for line in (tmp_path / "synthesis.jsonl").read_text().splitlines()]
+    assert len(written) == 6 and {r["task_id"] for r in written} == {"t0", "t1"}  # t2's endpoint failed: left out
+    assert asked == 9  # 3 questions x 3 n; t2's three failed at once (max_attempts=1)
+    with chat_server(respond) as server:  # run again: only what is missing is asked
+        cfg.synthesis.client.base_url = server.base_url
+        run_synthesis(cfg, tmp_path, [tasks], rows, {})
+        assert server.log.count == 3
