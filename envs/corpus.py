@@ -86,8 +86,9 @@ def _document(line: str, url_prefix: str | None, require_url: bool) -> Document:
 class CorpusConfig:
     """What the local search index covers and where its pages are served.
 
-    ``kind``: ``synthetic`` (the world of ``world``), ``jsonl`` (``path``, a corpus file), or
-    ``none`` (the search backend is remote: Serper or a retrieval server). ``base_url`` is filled by
+    ``kind``: ``synthetic`` (the world of ``world``), ``jsonl`` (``path``, a corpus file),
+    ``hotpotqa`` (``path``, a HotpotQA-style task file: its paragraphs, at the URLs its tasks' clues
+    name), or ``none`` (the search backend is remote: Serper or a retrieval server). ``base_url`` is filled by
     the driver once the corpus server runs.
     """
 
@@ -111,6 +112,11 @@ def corpus_documents(corpus: CorpusConfig, base_url: str) -> list[Document]:
 
         return [Document(d.doc_id, d.title, d.text, base_url + page_path(d.doc_id), d.html)
                 for d in read_corpus(corpus.path)]
+    if corpus.kind == "hotpotqa":  # the paragraphs of a HotpotQA-style task file, as the tasks cite them
+        from envs.corpus_server import PAGE_PREFIX
+        from envs.datasets.hotpotqa import read_hotpotqa
+
+        return read_hotpotqa(corpus.path, base_url + PAGE_PREFIX).corpus
     if corpus.kind == "none":
         return []
-    raise ValueError(f"corpus.kind={corpus.kind!r} is not known; use synthetic, jsonl or none")
+    raise ValueError(f"corpus.kind={corpus.kind!r} is not known; use synthetic, jsonl, hotpotqa or none")

@@ -231,3 +231,16 @@ def test_musique_urls_do_not_depend_on_the_file(tmp_path: Path) -> None:
         (url,) = clue.evidence_urls
         assert url in pages, url
         assert pages[url].text in {p["paragraph_text"] for p in alone["paragraphs"]}
+
+
+def test_a_hotpotqa_corpus_serves_every_page_its_tasks_cite(shared_data: Path) -> None:
+    from envs.corpus import CorpusConfig, corpus_documents
+    from envs.corpus_server import PAGE_PREFIX
+
+    path = shared_data / "multihop" / "hotpotqa_dev500.jsonl"
+    base = "http://127.0.0.1:9"
+    documents = corpus_documents(CorpusConfig(kind="hotpotqa", path=str(path)), base)
+    served = {document.url for document in documents}
+    tasks = load_tasks(DatasetConfig(kind="hotpotqa", path=str(path), url_prefix=base + PAGE_PREFIX))
+    cited = {url for task in tasks for clue in task.clues or () for url in clue.evidence_urls}
+    assert len(tasks) == 500 and len(documents) > 4000 and cited <= served
