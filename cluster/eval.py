@@ -45,6 +45,7 @@ from envs.tasks import Task
 from envs.datasets.registry import DatasetConfig
 from rewards.apply import score_groups
 from rewards.base import RewardSpec, build_reward
+from rollout.context import ContextConfig
 from rollout.model_store import resolve_model
 from rollout.summary import is_correct
 from rollout.trajectory import Trajectory
@@ -63,6 +64,10 @@ class BenchmarkConfig:
     # reported as f1@k; "correct" stays the exact match) or llm_judge (BrowseComp's grader over an
     # OpenAI-compatible endpoint; an exact match never reaches it).
     judge: RewardSpec = field(default_factory=lambda: RewardSpec("exact_match"))
+    # The context manager of this benchmark's episodes (None: rollout.context). Test-time context
+    # management is compared by listing a benchmark twice, named apart, with two contexts (mono,
+    # discard_all with its max_resets, iter_research, budgets): each context runs on its own fleet.
+    context: ContextConfig | None = None
 
     def __post_init__(self) -> None:
         if self.judge.kind not in JUDGES:
@@ -120,21 +125,25 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
             engine = expert_engine(engine, bench.data)
         task_lists = servable_tasks([b.data for b in cfg.benchmarks], corpus, engine)
         by_uid, tasks_by_uid = {}, {}
-        episodes = []
+        by_context: dict[str, tuple[ContextConfig, list]] = {}  # one fleet per context manager
         for bench, tasks in zip(cfg.benchmarks, task_lists, strict=True):
+            context = bench.context or rollout.context
+            episodes = by_context.setdefault(repr(context), (context, []))[1]
             for task in tasks:
                 uid = f"{bench.name}/{task.id}"
                 by_uid[uid], tasks_by_uid[uid] = bench, task
                 episodes += [(task, uid, s) for s in range(cfg.k) if (bench.name, task.id, s) not in done]
-        if episodes:
-            spec = WorkerSpec(tools=rollout.tools, episode=rollout.episode, context=rollout.context,
+        todo = sum(len(episodes) for _, episodes in by_context.values())
+        bar = tqdm(total=todo + len(done), initial=len(done), desc="samples", unit="ep", disable=not progress)
+        for context, episodes in by_context.values():
+            if not episodes:
+                continue
+            spec = WorkerSpec(tools=rollout.tools, episode=rollout.episode, context=context,
                               corpus=corpus, model=model)
             with fleet(engine, rollout.fleet, spec, name=f"turnstile-eval-{uuid.uuid4().hex[:8]}",
                        events=out / "fleet.jsonl") as running:
                 dispatcher = Dispatcher(running.pool, rollout.fleet.max_episode_attempts)
                 dispatcher.submit(episodes)
-                bar = tqdm(total=len(episodes) + len(done), initial=len(done), desc="samples", unit="ep",
-                           disable=not progress)
                 with results.open("a", encoding="utf-8") as sink:
                     while dispatcher.busy:
                         finished = dispatcher.wait(timeout=1.0)
@@ -144,7 +153,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                             sink.write(json.dumps(row) + "\n")
                             bar.update(1)
                         sink.flush()
-                bar.close()
+        bar.close()
     rows = list(read_results(results))
     summary = summarize_results(cfg, iter(rows), task_lists)
     if cfg.synthesis.enabled:

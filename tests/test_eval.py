@@ -31,12 +31,15 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "eval.yaml"
 TURNSTILE = str(Path(sys.executable).parent / "turnstile")
+HELDOUT = ("{kind: synthetic, path: '', split: eval, limit: 8, options: {min_hops: 1, max_hops: 1, "
+           "entity_answer_fraction: 1.0, aggregation_fraction: 0.0, count: 1200}}")
 # The scripted expert at a model server's pace (0.5 s a turn), two episodes at a time: slow enough
 # to be killed half-way.
 SLOW_EXPERT = ["rollout.engine.kind=sim", "rollout.engine.options={decode_s_per_token: 0.01, concurrency: 2}",
                "rollout.fleet.episodes_per_worker=2", "rollout.corpus.port=0", "k=2",
-               "benchmarks=[{name: synthetic-heldout, data: {kind: synthetic, path: '', split: eval, limit: 8, "
-               "options: {min_hops: 1, max_hops: 1, entity_answer_fraction: 1.0, aggregation_fraction: 0.0, count: 1200}}}]",
+               # one benchmark twice: the second with another context manager, on a fleet of its own
+               f"benchmarks=[{{name: synthetic-heldout, data: {HELDOUT}}}, "
+               f"{{name: heldout-discard-all, data: {HELDOUT}, context: {{kind: discard_all, max_resets: 2}}}}]",
                "rollout.ray.num_cpus=2"]
 
 
@@ -63,7 +66,7 @@ def test_a_killed_eval_continues_and_every_sample_is_scored_once(tmp_path: Path)
     os.killpg(first.pid, signal.SIGKILL)  # the driver and the Ray it started
     first.wait(timeout=30)
     killed_at = len(_rows(out))
-    assert 4 <= killed_at < 16 and not (out / "summary.json").exists()
+    assert 4 <= killed_at < 32 and not (out / "summary.json").exists()
     with (out / "results.jsonl").open("a") as cut:  # a line the kill cut short
         cut.write('{"benchmark": "synthetic-heldout", "task_id": "synth')
 
@@ -72,11 +75,14 @@ def test_a_killed_eval_continues_and_every_sample_is_scored_once(tmp_path: Path)
     assert second.returncode == 0, log
     rows = _rows_tolerant(out)
     keys = Counter((row["benchmark"], row["task_id"], row["sample"]) for row in rows)
-    assert len(keys) == 16 and set(keys.values()) == {1}, keys  # 8 questions x 2 samples, each once
-    summary = json.loads((out / "summary.json").read_text())["benchmarks"]["synthetic-heldout"]
+    assert len(keys) == 32 and set(keys.values()) == {1}, keys  # 8 questions x 2 samples x 2 contexts, each once
+    summaries = json.loads((out / "summary.json").read_text())["benchmarks"]
+    assert summaries["heldout-discard-all"]["tasks"] == 8
+    summary = summaries["synthetic-heldout"]
     by_task: dict[str, list[bool]] = {}
     for row in rows:
-        by_task.setdefault(row["task_id"], []).append(row["correct"])
+        if row["benchmark"] == "synthetic-heldout":
+            by_task.setdefault(row["task_id"], []).append(row["correct"])
     assert summary["tasks"] == 8 and summary["k"] == 2
     expected = sum(pass_at_k(2, sum(c), 1) for c in by_task.values()) / 8
     assert summary["pass@1"][0] == pytest.approx(expected) and summary["pass@1"][1] <= expected <= summary["pass@1"][2]
