@@ -40,9 +40,9 @@ from cluster.synthesis import SynthesisConfig, final_report, synthesize
 from cluster.train import default_rollout
 from cluster.warm_start import DEFAULT_TASKS
 from envs.answers import normalize_answer
+from envs.datasets.registry import DatasetConfig
 from envs.protocol import StopReason
 from envs.tasks import Task
-from envs.datasets.registry import DatasetConfig
 from rewards.apply import score_groups
 from rewards.base import RewardSpec, build_reward
 from rollout.context import ContextConfig
