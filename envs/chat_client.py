@@ -48,7 +48,7 @@ class ChatClientConfig:
     backoff_s: float = 0.5  # first retry delay, doubled each time, with jitter
     backoff_max_s: float = 8.0
     max_concurrency: int = 16
-    cache_entries: int = 50_000  # replies kept in memory; 0 = no cache
+    cache_entries: int = 50_000  # replies kept in memory; 0 = no cache and no sharing of identical calls in flight
     proxy_from_env: bool = True  # honour HTTP(S)_PROXY / NO_PROXY (httpx's trust_env)
 
     def __post_init__(self) -> None:
@@ -128,6 +128,8 @@ class ChatClient:
             "temperature": self.config.temperature if temperature is None else temperature,
             "max_tokens": self.config.max_tokens if max_tokens is None else max_tokens,
         }
+        if self.config.cache_entries == 0:  # no cache: every call is its own request (a sampled policy's k samples)
+            return await self._send(body)
         key = hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
         cached = self._cache.get(key)
         if cached is not None:
@@ -152,10 +154,9 @@ class ChatClient:
         finally:
             self._pending.pop(key, None)
         future.set_result(reply)
-        if self.config.cache_entries > 0:
-            self._cache[key] = reply
-            while len(self._cache) > self.config.cache_entries:
-                self._cache.popitem(last=False)
+        self._cache[key] = reply
+        while len(self._cache) > self.config.cache_entries:
+            self._cache.popitem(last=False)
         return reply
 
     async def _send(self, body: dict[str, object]) -> str:

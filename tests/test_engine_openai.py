@@ -5,6 +5,7 @@ tools and judge."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -42,8 +43,8 @@ async def test_the_endpoint_gets_the_episodes_messages_and_each_sample_is_its_ow
                                              cache_entries=0))
         engine = OpenAIEngine(chat, client)
         sampling = SamplingParams(max_new_tokens=64, temperature=0.7)
-        first = await engine.generate(ids, sampling)
-        second = await engine.generate(ids, sampling)  # the same prompt: asked again, not cached
+        # The same prompt twice at once (two samples of one question): two requests, not one shared.
+        first, second = await asyncio.gather(engine.generate(ids, sampling), engine.generate(ids, sampling))
         cut = await engine.generate(ids, SamplingParams(max_new_tokens=8))
         await engine.aclose()
     sent = server.log.requests[0]
@@ -54,8 +55,9 @@ async def test_the_endpoint_gets_the_episodes_messages_and_each_sample_is_its_ow
         {"role": "assistant", "content": "<think>search</think>\n<tool_call>{}</tool_call>"},
         {"role": "user", "content": "<tool_response>Acme was founded by Ada.</tool_response>"}]
     assert first.finish_reason == FINISH_STOP and first.token_ids[-1] == chat.turn_end_id
-    assert chat.response_text(first.token_ids) == "<think>read</think>\n<answer>Ada</answer>"
-    assert chat.response_text(second.token_ids).endswith("<answer>Ada</answer>") and set(first.logprobs) == {0.0}
+    assert {chat.response_text(first.token_ids), chat.response_text(second.token_ids)} == {
+        "<think>read</think>\n<answer>Ada</answer>", "<think>again</think>\n<answer>Ada</answer>"}
+    assert set(first.logprobs) == {0.0}
     assert cut.finish_reason == FINISH_LENGTH and len(cut.token_ids) == 8
     with pytest.raises(ValueError, match="cannot score"):
         await engine.score([ids], [(0, 1)])
