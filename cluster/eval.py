@@ -148,8 +148,9 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                     while dispatcher.busy:
                         finished = dispatcher.wait(timeout=1.0)
                         for trajectory in judge(finished, by_uid, tasks_by_uid):
-                            row = result_row(by_uid[trajectory.uid], trajectory)
-                            reports[(row["benchmark"], row["task_id"], row["sample"])] = final_report(trajectory)
+                            report = final_report(trajectory)
+                            row = result_row(by_uid[trajectory.uid], trajectory, report)
+                            reports[(row["benchmark"], row["task_id"], row["sample"])] = report
                             sink.write(json.dumps(row) + "\n")
                             bar.update(1)
                         sink.flush()
@@ -228,8 +229,9 @@ def run_synthesis(cfg: EvalConfig, out: Path, task_lists: list[list[Task]], rows
     return scores
 
 
-def result_row(bench: BenchmarkConfig, trajectory: Trajectory) -> dict[str, object]:
-    """One sample's line of ``results.jsonl`` (no decrypted text for an encrypted benchmark)."""
+def result_row(bench: BenchmarkConfig, trajectory: Trajectory, report: str | None = None) -> dict[str, object]:
+    """One sample's line of ``results.jsonl`` (no decrypted text for an encrypted benchmark);
+    ``report``: its final report, when the caller has it already."""
     tools = [turn.tool for turn in trajectory.turns if turn.tool]
     answer = trajectory.answer if trajectory.answered else None
     return {"benchmark": bench.name, "task_id": trajectory.task_id, "sample": trajectory.sample,
@@ -239,7 +241,7 @@ def result_row(bench: BenchmarkConfig, trajectory: Trajectory) -> dict[str, obje
             "browse_ratio": browse_ratio([trajectory]), "stop_reason": trajectory.stop_reason.value,
             "wall_s": round(trajectory.wall_s, 3),
             "score": trajectory.outcome if trajectory.outcome is not None else 0.0,  # the judge's
-            "report": None if bench.encrypted else final_report(trajectory),  # for synth@n
+            "report": None if bench.encrypted else report or final_report(trajectory),  # for synth@n
             **({"judge_error": trajectory.metadata["reward_error"]["error"]}
                if "reward_error" in trajectory.metadata else {})}
 
@@ -249,11 +251,14 @@ def drop_partial_line(path: Path) -> None:
     (its sample runs again)."""
     if not path.is_file() or path.stat().st_size == 0:
         return
+    with path.open("rb") as file:
+        file.seek(-1, 2)
+        if file.read(1) == b"\n":
+            return  # whole lines only: nothing to read past the last byte
     data = path.read_bytes()
-    if not data.endswith(b"\n"):
-        log.warning("%s: its last line was cut short (an eval killed while writing it); that sample runs again", path)
-        with path.open("r+b") as file:
-            file.truncate(data.rfind(b"\n") + 1)
+    log.warning("%s: its last line was cut short (an eval killed while writing it); that sample runs again", path)
+    with path.open("r+b") as file:
+        file.truncate(data.rfind(b"\n") + 1)
 
 
 def read_results(path: Path) -> Iterator[dict]:
