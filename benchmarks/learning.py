@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from rollout.model_store import BUILD_INFO, ITER_MODEL
 from rollout.trajectory import load_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,15 +47,18 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "igpo": ("IGPO: browse-aware IG, IG-Scale, turn format penalty", [IG, "estimator.name=igpo"]),
     "abc_grpo": ("ABC-GRPO, heuristic clue judge", [CLUES, "estimator.name=abc_grpo"]),
     "mono_gspo": ("mono context, GSPO loss", ["learner.loss=gspo"]),
-    "iter_research_gspo": ("iter_research, round-level GSPO", [
+    "iter_research_gspo": ("iter_research, round-level GSPO (from tiny-qwen3-iter)", [
         "rollout.context.kind=iter_research", "estimator.name=gspo_round", "learner.loss=gspo"]),
+    "mono_gspo_iter": ("mono context, GSPO loss (from tiny-qwen3-iter)", ["learner.loss=gspo"]),
     "grpo_hard": ("GRPO on the hard split (2 hops)", [HARD, HARD_EVAL]),
     "igpo_hard": ("IGPO on the hard split (2 hops)", [HARD, HARD_EVAL, IG, "estimator.name=igpo"]),
 }
-# Not run unless asked for (--arms): the warm start never writes the <report> an iter_research turn
-# must carry, so every turn is malformed (measured: 0.0% format and accuracy at step 0, 110
-# episodes) and no estimator has a signal. It needs a warm start fine-tuned on iter_research turns.
-NEEDS_ITER_RESEARCH_WARM_START = ("iter_research_gspo",)
+# The arms that start from another model than the warm start, built once into OUT/models/NAME
+# (`turnstile build-model NAME`, resumable). The warm start never writes the <report> an
+# iter_research turn must carry, so every turn of it is malformed there (measured: 0.0% format and
+# accuracy at step 0, 110 episodes) and no estimator has a signal; mono vs iter_research is compared
+# from tiny-qwen3-iter, which writes both.
+ARM_MODELS = {"iter_research_gspo": ITER_MODEL, "mono_gspo_iter": ITER_MODEL}
 
 
 def finished(out: Path) -> bool:
@@ -73,10 +77,17 @@ def train(arm: str, seed: int, out: Path, extra: list[str]) -> float:
     # stays unseeded: per-request seeds crash vLLM's CPU build when a seeded prompt's prefill is
     # chunked ("CPU Generator does not use offset"), which the default's contexts reach.
     overrides = ["eval_every=5", *ARMS[arm][1], f"learner.seed={seed}", f"out={out}", "resume=true", *extra]
-    started = time.monotonic()
     log = out.parent / f"seed{seed}.log"
     out.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as sink:
+        if arm in ARM_MODELS:  # built before the clock starts: the wall time is the run's
+            model = out.parent.parent / "models" / ARM_MODELS[arm]
+            if not (model / BUILD_INFO).is_file():
+                subprocess.run([str(Path(sys.executable).parent / "turnstile"), "build-model", ARM_MODELS[arm],
+                                "--out", str(model), "--no-progress"], check=True, cwd=ROOT, stdout=sink,
+                               stderr=subprocess.STDOUT)
+            overrides.insert(1, f"rollout.engine.model={model.resolve()}")
+        started = time.monotonic()
         subprocess.run([str(Path(sys.executable).parent / "turnstile"), "train", "--config", str(EXAMPLE),
                         "--no-progress", *overrides], check=True, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
     seconds = time.monotonic() - started
@@ -200,9 +211,8 @@ def plot(results: dict[str, dict[str, object]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", default=",".join(a for a in ARMS if a not in NEEDS_ITER_RESEARCH_WARM_START),
-                        help=f"comma-separated, of: {', '.join(ARMS)} (default: all but "
-                             f"{', '.join(NEEDS_ITER_RESEARCH_WARM_START)})")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)} "
+                        "(default: all)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--out", default="runs/learning")
     parser.add_argument("--doc", default="", help="also rewrite this Markdown table and its PNG")

@@ -67,7 +67,8 @@ from envs.datasets.registry import DatasetConfig
 from envs.env import EnvConfig
 from rollout.episode import EpisodeConfig
 from envs.synthetic.expert import ExpertConfig
-from rollout.model_store import BUILD_INFO, RANDOM_MODEL, SFT_MODEL, WARM_MODEL, resolve_model
+from rollout.context import ContextConfig
+from rollout.model_store import BUILD_INFO, ITER_MODEL, RANDOM_MODEL, SFT_MODEL, WARM_MODEL, resolve_model
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
 DEFAULT_TASKS: dict[str, Any] = {"min_hops": 1, "max_hops": 1, "entity_answer_fraction": 1.0,
@@ -106,6 +107,9 @@ class WarmStartRecipe:
     # a page (a guess, nearly always wrong). Those trajectories are kept whatever their outcome; the
     # others only when correct (:func:`expert_trajectories`).
     hasty_fraction: float = 0.0
+    # The context manager the expert's episodes run in: with iter_research every turn also writes
+    # the <report> that protocol carries from one round to the next (engine.scripted.report).
+    context: str = "mono"
     induction_steps: int = 500  # stage 1: copying random token runs, before any expert data
     induction_batch: int = 32  # runs per step, each 32 tokens written twice
     induction_weight: float = 1.0  # the same copying loss added to every SFT step, so it stays
@@ -125,6 +129,11 @@ RECIPES: dict[str, WarmStartRecipe] = {
     # is what the reward alone can teach (docs/benchmarks/learning.md).
     WARM_MODEL: WarmStartRecipe(base=SFT_MODEL, limit=800, hasty_fraction=0.5, induction_steps=0,
                                 steps=100, lr=5e-4, warmup_steps=10),
+    # The start of the mono vs iter_research ablation: the warm start after the same kind of data,
+    # each turn in its own round with a <report> (the warm start never writes one: every
+    # iter_research turn of it is malformed). Not committed; benchmarks/learning.py builds it.
+    ITER_MODEL: WarmStartRecipe(base=WARM_MODEL, limit=800, hasty_fraction=0.5, context="iter_research",
+                                induction_steps=0, steps=150, lr=5e-4, warmup_steps=10),
 }
 """The recipe of each model this module builds, by name (``turnstile build-model NAME --out DIR``)."""
 
@@ -135,6 +144,8 @@ WHAT = {
                 "training tasks: the scripted expert's correct ones and, for half of the tasks, a "
                 "hasty agent's, which answers from the search listing without opening a page (the "
                 "warm start of `turnstile train`)",
+    ITER_MODEL: "tiny-qwen3-mixed after SFT on the same two agents' trajectories in the iter_research "
+                "context, every turn with its <report> (the start of the mono vs iter_research ablation)",
 }
 
 
@@ -246,6 +257,8 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
     rollout.group_size = 1
     rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
     rollout.engine.scripted.hasty_fraction = recipe.hasty_fraction
+    rollout.engine.scripted.report = recipe.context == "iter_research"
+    rollout.context = ContextConfig(kind=recipe.context)
     rollout.episode = default_episode()
     rollout.fleet.workers = 2
     rollout.fleet.episodes_per_worker = 8

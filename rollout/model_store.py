@@ -44,6 +44,9 @@ SFT_MODEL = "tiny-qwen3-sft"  # the tiny model after SFT on the scripted expert,
 WARM_MODEL = "tiny-qwen3-mixed"  # the warm start of `turnstile train`: SFT_MODEL after SFT on two
 # agents' data (the expert and a hasty one), committed (both made by cluster.warm_start)
 COMMITTED_MODELS = (SFT_MODEL, WARM_MODEL)
+ITER_MODEL = "tiny-qwen3-iter"  # WARM_MODEL after SFT on iter_research turns (they carry a <report>):
+# the start of the mono vs iter_research ablation, built by `turnstile build-model`, not committed
+RECIPE_MODELS = (*COMMITTED_MODELS, ITER_MODEL)  # the models cluster.warm_start builds by name
 COMMITTED = Path(__file__).resolve().parent / "models"
 
 

@@ -7,8 +7,11 @@
   continues where it stopped).
 - ``tiny-qwen3-mixed``: the warm start of the embedded ``turnstile train``: ``tiny-qwen3-sft`` after
   SFT on the expert's and a hasty agent's trajectories, into ``--out`` (about 6 minutes).
+- ``tiny-qwen3-iter``: ``tiny-qwen3-mixed`` after SFT on the same agents' iter_research turns, each
+  with its ``<report>``, into ``--out`` (the start of the mono vs iter_research ablation).
 
-The repository holds the last two (``rollout/models/NAME``); this is the command that rebuilds them.
+The repository holds ``tiny-qwen3-sft`` and ``tiny-qwen3-mixed`` (``rollout/models/NAME``); this is
+the command that rebuilds them.
 """
 
 from __future__ import annotations
@@ -19,19 +22,19 @@ from pathlib import Path
 
 from rollout.model_store import (
     BUILD_INFO,
-    COMMITTED_MODELS,
     RANDOM_MODEL,
+    RECIPE_MODELS,
     WARM_MODEL,
     build_tiny_model,
     default_model_path,
 )
 
 NAME = "build-model"
-HELP = f"Build a model known by name: the random tiny Qwen3 (default), or {', '.join(COMMITTED_MODELS)}."
+HELP = f"Build a model known by name: the random tiny Qwen3 (default), or {', '.join(RECIPE_MODELS)}."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?", default=RANDOM_MODEL, choices=(RANDOM_MODEL, *COMMITTED_MODELS),
+    parser.add_argument("name", nargs="?", default=RANDOM_MODEL, choices=(RANDOM_MODEL, *RECIPE_MODELS),
                         help=f"which model (default {RANDOM_MODEL}; {WARM_MODEL} is the warm start of "
                              "turnstile train)")
     parser.add_argument("--out", metavar="DIR", help=f"where to write it (default for {RANDOM_MODEL}: "
@@ -41,9 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.name in COMMITTED_MODELS and not args.out:
-        print(f"turnstile build-model: {args.name} needs --out DIR (the repository's copy is "
-              f"rollout/models/{args.name})")
+    if args.name in RECIPE_MODELS and not args.out:
+        print(f"turnstile build-model: {args.name} needs --out DIR")
         return 2
     target = Path(args.out) if args.out else default_model_path()
     if (target / BUILD_INFO).is_file() and not args.force:
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     started = time.monotonic()
     try:
-        if args.name in COMMITTED_MODELS:
+        if args.name in RECIPE_MODELS:
             from cluster.warm_start import build_warm_model
 
             build_warm_model(target, name=args.name, force=args.force, progress=not args.no_progress)
