@@ -36,7 +36,7 @@ from cluster.eval_metrics import benchmark_scores, mean_interval
 from cluster.metrics import browse_ratio
 from cluster.rollout import (RolloutConfig, expert_engine, fleet, init_ray, servable_tasks,
                              serve_corpus)
-from cluster.synthesis import SynthesisConfig, final_report, synthesize
+from cluster.synthesis import SynthesisConfig, final_report, synthesize, synthesize_with_policy
 from cluster.train import default_rollout
 from cluster.warm_start import DEFAULT_TASKS
 from envs.answers import normalize_answer
@@ -205,12 +205,12 @@ def run_synthesis(cfg: EvalConfig, out: Path, task_lists: list[list[Task]], rows
         if missing:
             log.warning("%s: %d questions have no reports for synthesis (sampled before a restart%s)", bench.name,
                         missing, "; an encrypted benchmark's reports are never written" if bench.encrypted else "")
-    answers = asyncio.run(synthesize(cfg.synthesis, jobs)) if jobs else []
+    answers = asyncio.run(synthesizer(cfg, jobs)) if jobs else []
     with path.open("a", encoding="utf-8") as sink:
         for (bench, task, n), answer in zip(keys, answers, strict=True):
             if isinstance(answer, Exception):
                 log.warning("%s/%s synth@%d: the synthesis model gave no reply (%s); left out", bench.name,
-                            task.id, n, answer)
+                            task.id, n, type(answer).__name__ if bench.encrypted else answer)
                 continue
             uid = f"{bench.name}/{task.id}"
             verdict = Trajectory(uid=uid, sample=-n, task_id=task.id, question=task.question,
@@ -227,6 +227,14 @@ def run_synthesis(cfg: EvalConfig, out: Path, task_lists: list[list[Task]], rows
             values = [float(r["correct"]) for (name, _, m), r in have.items() if name == bench.name and m == n]
             scores.setdefault(bench.name, {})[f"synth@{n}"] = list(mean_interval(values))
     return scores
+
+
+async def synthesizer(cfg: EvalConfig, jobs: list[tuple[str, list[str]]]) -> list[str | None | Exception]:
+    """The configured synthesis model's answers: the endpoint's, or the evaluated policy's."""
+    if cfg.synthesis.synthesizer == "policy":
+        return await synthesize_with_policy(cfg.rollout.engine, resolve_model(cfg.rollout.engine.model),
+                                            cfg.rollout.episode, jobs)
+    return await synthesize(cfg.synthesis, jobs)
 
 
 def result_row(bench: BenchmarkConfig, trajectory: Trajectory, report: str | None = None) -> dict[str, object]:

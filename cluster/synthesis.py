@@ -4,11 +4,13 @@ answers. ``turnstile eval`` scores synth@n for every ``n`` in ``synthesis.ns`` u
 same samples: the first ``n`` samples' reports.
 
 A sample's **final report** is its last ``<report>`` (the iter_research protocol), else its last
-turn's text; its final answer follows it. The synthesis model is any OpenAI-compatible endpoint
-(:class:`envs.chat_client.ChatClient`: bounded, retried, cached); it answers inside
-``<answer>…</answer>``, and its answer is judged by the benchmark's own judge. A reply without an
-answer is wrong; an endpoint that stays down leaves the question's synth@n out of the summary and
-says so (nothing is made up).
+turn's text; its final answer follows it. The synthesis model (``synthesis.synthesizer``) is any
+OpenAI-compatible endpoint (``endpoint``: :class:`envs.chat_client.ChatClient`, bounded, retried,
+cached) or the evaluated policy itself (``policy``: one replica of ``rollout.engine`` on the same
+model, the reports cut to fit the episode's context budget, sampled as its turns are). It answers
+inside ``<answer>…</answer>``, and its answer is judged by the benchmark's own judge. A reply
+without an answer is wrong; a synthesis model that stays down or fails a request leaves the
+question's synth@n out of the summary and says so (nothing is made up).
 """
 
 from __future__ import annotations
@@ -16,11 +18,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
 from envs.protocol import ANSWER_CLOSE, ANSWER_OPEN, REPORT_CLOSE, REPORT_OPEN
+from rollout.engines.config import EngineConfig
+from rollout.episode import EpisodeConfig
 from rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from rollout.chat import ChatFormat
 
 log = logging.getLogger(__name__)
 REPORT_CHARS = 4000  # of each report, its end kept (where the conclusions are)
@@ -38,17 +46,24 @@ Think about which answer the evidence supports best, then give the answer alone 
 <answer></answer>."""
 
 
+SYNTHESIZERS = ("endpoint", "policy")
+
+
 @dataclass
 class SynthesisConfig:
     enabled: bool = False
     ns: list[int] = field(default_factory=lambda: [1, 2, 4, 8])  # those above k are skipped
-    client: ChatClientConfig = field(default_factory=ChatClientConfig)  # the synthesis model
+    synthesizer: str = "endpoint"  # endpoint: the model behind `client`; policy: the evaluated policy
+    client: ChatClientConfig = field(default_factory=ChatClientConfig)  # the endpoint's model
 
     def __post_init__(self) -> None:
         if any(n < 1 for n in self.ns):
             raise ValueError(f"synthesis.ns={self.ns}: every n must be >= 1")
-        if self.enabled and not self.client.model:
-            raise ValueError("synthesis.client.model is empty: name the model the synthesis endpoint serves")
+        if self.synthesizer not in SYNTHESIZERS:
+            raise ValueError(f"synthesis.synthesizer={self.synthesizer!r} is not one of {', '.join(SYNTHESIZERS)}")
+        if self.enabled and self.synthesizer == "endpoint" and not self.client.model:
+            raise ValueError("synthesis.client.model is empty: name the model the synthesis endpoint serves "
+                             "(or synthesis.synthesizer=policy)")
 
 
 def final_report(trajectory: Trajectory) -> str:
@@ -60,8 +75,9 @@ def final_report(trajectory: Trajectory) -> str:
     return f"{body[-REPORT_CHARS:]}\nFinal answer: {answer}"
 
 
-def synthesis_messages(question: str, reports: list[str]) -> list[ChatMessage]:
-    joined = "\n\n".join(f"Report {i}:\n{report}" for i, report in enumerate(reports, start=1))
+def synthesis_messages(question: str, reports: list[str], report_chars: int = REPORT_CHARS) -> list[ChatMessage]:
+    """The synthesis prompt: the question and each report's last ``report_chars`` characters."""
+    joined = "\n\n".join(f"Report {i}:\n{report[-report_chars:]}" for i, report in enumerate(reports, start=1))
     return [ChatMessage("user", PROMPT.format(question=question, reports=joined))]
 
 
@@ -87,3 +103,52 @@ async def synthesize(config: SynthesisConfig, jobs: list[tuple[str, list[str]]])
         return list(await asyncio.gather(*(one(q, r) for q, r in jobs)))
     finally:
         await client.aclose()
+
+
+async def synthesize_with_policy(engine: EngineConfig, model: str, episode: EpisodeConfig,
+                                 jobs: list[tuple[str, list[str]]]) -> list[str | None | Exception]:
+    """As :func:`synthesize`, the synthesis model being the evaluated policy: one replica of
+    ``engine`` on ``model`` (a Ray actor, started here and killed after), each prompt within
+    ``episode.context_budget`` (the reports' beginnings cut evenly until it fits: a report's
+    conclusions are at its end), sampled as the episode samples its turns. A request the engine
+    fails is that question's exception, not the run's."""
+    import ray
+
+    from rollout.chat import ChatFormat
+    from rollout.engines.base import SamplingParams
+    from rollout.fleet import engine_actor
+
+    chat = ChatFormat.from_pretrained(model)
+    room = episode.context_budget - episode.max_new_tokens
+    sampling = SamplingParams(max_new_tokens=episode.max_new_tokens, temperature=episode.sampling.temperature,
+                              top_p=episode.sampling.top_p, top_k=episode.sampling.top_k,
+                              stop_token_ids=chat.stop_token_ids)
+    actor = engine_actor(replace(engine, model=model))
+    try:
+        await actor.ready.remote()
+
+        async def one(question: str, reports: list[str]) -> str | None | Exception:
+            try:
+                ids = fitted_prompt(chat, question, reports, room)
+                generation = await actor.generate.remote(ids, sampling)
+            except Exception as error:  # noqa: BLE001 - one question's failure, reported by the caller
+                return error
+            return parse_answer(chat.response_text(generation.token_ids))
+
+        return list(await asyncio.gather(*(one(q, r) for q, r in jobs)))
+    finally:
+        ray.kill(actor)
+
+
+def fitted_prompt(chat: ChatFormat, question: str, reports: list[str], room: int) -> list[int]:
+    """The synthesis prompt's ids within ``room`` tokens: each report cut to its last characters,
+    fewer each try, until it fits; ValueError if even the question alone does not."""
+    chars = REPORT_CHARS
+    while True:
+        ids = chat.prompt_ids([asdict(m) for m in synthesis_messages(question, reports, chars)])
+        if len(ids) <= room:
+            return ids
+        if chars == 0:
+            raise ValueError(f"the synthesis prompt takes {len(ids)} tokens without any report: more than the "
+                             f"{room} the context budget leaves (raise rollout.episode.context_budget)")
+        chars = chars * 2 // 3 if chars > 30 else 0

@@ -106,6 +106,7 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None
     for override, words in ((["k=0"], "k=0"), (["benchmarks=[]"], "benchmarks is empty"),
                             (["benchmarks.0.limit=3"], "a list is set whole"),
                             (["synthesis.enabled=true"], "synthesis.client.model is empty"),
+                            (["synthesis.synthesizer=oracle"], "synthesis.synthesizer='oracle'"),
                             (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: vibes}}]"], "judge.kind='vibes'"),
                             (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: f1, options: {beta: 2}}}]"],
                              "beta")):
@@ -189,3 +190,57 @@ def test_synth_at_n_reads_the_first_n_reports_through_a_local_openai_server(tmp_
         cfg.synthesis.client.base_url = server.base_url
         run_synthesis(cfg, tmp_path, [tasks], rows, {})
         assert server.log.count == 3
+
+
+def test_the_policy_itself_synthesizes_on_its_own_engine_within_its_context_budget(
+        tmp_path: Path, ray_local: None) -> None:
+    """synthesizer=policy: one replica of the evaluated engine (here the openai engine, so the prompt
+    it was given can be read at the server) answers from the reports, the reports' beginnings cut
+    so the prompt fits the episode's budget."""
+    from cluster.train import default_rollout
+    from rollout.chat import ChatFormat
+    from rollout.model_store import resolve_model
+
+    bench = BenchmarkConfig(DatasetConfig(kind="jsonl", path="x"), name="qa")
+    tasks = [Task(id=f"t{i}", question=f"Who founded company {i}?", answers=(f"Founder {i}",)) for i in range(2)]
+    filler = "The agent searched and read several pages about the company and its history. " * 40
+    rows = [{"benchmark": "qa", "task_id": task.id, "sample": s, "correct": False,
+             "report": f"{filler}Sample {s} concluded. Final answer: {task.answers[0] if s else 'nobody'}"}
+            for task in tasks for s in range(4)]
+    chat = ChatFormat.from_pretrained(resolve_model("tiny-qwen3"))
+    prompts: list[str] = []
+
+    def respond(messages: list[dict[str, str]]) -> Reply:  # the answer of the reports' last lines
+        prompt = messages[-1]["content"]
+        prompts.append(prompt)
+        task = next(t for t in tasks if t.question in prompt)
+        return Reply(f"<answer>{task.answers[0] if 'Sample 1 concluded' in prompt else 'nobody'}</answer>")
+
+    with chat_server(respond) as server:
+        rollout = default_rollout()
+        rollout.engine.kind, rollout.engine.model = "openai", "tiny-qwen3"
+        rollout.engine.options = {"base_url": server.base_url, "model": "api-model", "api_key_env": ""}
+        rollout.episode.max_new_tokens, rollout.episode.context_budget = 64, 1024
+        cfg = EvalConfig(benchmarks=[bench], k=4, rollout=rollout,
+                         synthesis=SynthesisConfig(enabled=True, ns=[1, 2, 4], synthesizer="policy"))
+        scores = run_synthesis(cfg, tmp_path, [tasks], rows, {})["qa"]
+    assert scores["synth@1"][0] == 0.0 and scores["synth@2"][0] == 1.0 and scores["synth@4"][0] == 1.0
+    assert len(prompts) == 6  # 2 questions x 3 n, one request each
+    for prompt in prompts:  # every report's end is there, its beginning cut to fit 1024 - 64 tokens
+        assert len(chat.encode(prompt)) <= 1024 - 64 and "Final answer:" in prompt
+    assert any(prompt.count("Report ") == 4 and filler not in prompt for prompt in prompts)
+    written = [json.loads(line) for line in (tmp_path / "synthesis.jsonl").read_text().splitlines()]
+    assert sorted((r["task_id"], r["n"], r["correct"]) for r in written) == [
+        (t, n, n > 1) for t in ("t0", "t1") for n in (1, 2, 4)]
+
+
+def test_a_synthesis_prompt_that_cannot_fit_is_that_questions_failure(tmp_path: Path) -> None:
+    from cluster.synthesis import fitted_prompt
+    from rollout.chat import ChatFormat
+    from rollout.model_store import resolve_model
+
+    chat = ChatFormat.from_pretrained(resolve_model("tiny-qwen3"))
+    ids = fitted_prompt(chat, "Who?", ["x" * 9000, "y" * 9000], 400)
+    assert len(ids) <= 400 and "Report 2:" in chat.decode(ids)
+    with pytest.raises(ValueError, match="without any report"):
+        fitted_prompt(chat, "Who? " * 500, ["x"], 400)

@@ -1,6 +1,6 @@
 """The trajectory store contract, its config, and the pieces both backends share.
 
-The store sits between the roles of the asynchronous loop (docs/design.md §1): the driver ``put``\s
+The store sits between the roles of the asynchronous loop (docs/design.md §1): the driver ``put``\\s
 finished trajectories on the ``finished`` stream, reward workers ``claim`` them as one consumer group, score
 them, ``put`` them on ``scored`` and ``ack`` the originals; the learner claims from ``scored``. A
 worker that dies while holding claimed items leaves them pending; another worker ``reclaim``\\s them
