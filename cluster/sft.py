@@ -21,12 +21,12 @@ from cluster.rollout import RayConfig, RolloutConfig, init_ray, run_rollout
 from envs.datasets.registry import DatasetConfig
 from envs.env import EnvConfig
 from learner.batch import Sample
-from learner.publish import save_hf_model
+from learner.publish import replace_model
 from learner.sft import load_sft_samples, well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rollout.chat import ChatFormat
 from rollout.episode import EpisodeConfig
-from rollout.model_store import resolve_model
+from rollout.model_store import RUN_MODEL, resolve_model
 from rollout.trajectory import load_trajectories
 
 
@@ -129,12 +129,12 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
                           f"{report.metrics.get('grad_norm', float('nan')):.3f}, "
                           f"{report.tokens} tokens, {time.monotonic() - started:.0f} s")
             if job.eval.every and learner.step % job.eval.every == 0 and learner.step < job.steps:
-                model = save_hf_model(learner.full_weights(), base, out / "model")
+                model = replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
                 evaluations.append(evaluate(job, str(model), out, step=learner.step))
                 bar.write(evaluations[-1].render())
         bar.close()
         learner.save(out / "checkpoint")
-        model = save_hf_model(learner.full_weights(), base, out / "model")
+        model = replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
     finally:
         learner.close()
     evaluations.append(evaluate(job, str(model), out, step=job.steps))
@@ -142,6 +142,13 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
     (out / "evaluations.json").write_text(json.dumps([vars(e) for e in evaluations], indent=1))
     print(f"model: {model}  (load it with engine.model={model})")
     return evaluations
+
+
+def made(job: SftJob, out: Path, step: int) -> dict[str, object]:
+    """What ``OUT/model`` is, for its ``turnstile-model.json``."""
+    return {"name": f"{out.name}@step{step}", "step": step,
+            "what": f"{job.learner.model or 'the tiny model'} after {step} steps of SFT on {job.data.path}",
+            "made_by": "turnstile sft"}
 
 
 def evaluate(job: SftJob, model: str, out: Path, *, step: int) -> Evaluation:

@@ -52,14 +52,14 @@ from envs.tasks import Task
 from learner.credit import estimator_class, estimator_from_options
 from learner.credit.assign import assign_credit
 from learner.credit.registry import Estimator
-from learner.publish import WeightsArchive
+from learner.publish import WeightsArchive, replace_model
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rewards.apply import score_groups
 from rewards.base import RewardSpec, resolve_reward, reward_options
 from rewards.service import RewardServiceConfig
 from rollout.engines.registry import weight_sync
-from rollout.model_store import WARM_MODEL, resolve_model
+from rollout.model_store import RUN_MODEL, WARM_MODEL, resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
 from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
 from rollout.workers import WorkerSpec
@@ -333,7 +333,18 @@ class Run:
         state.history.append({"step": float(state.step), **self.sink.log(metrics, state.step)})
         if job.checkpoint_every and state.step % job.checkpoint_every == 0:
             self.learner.save(self.out / "checkpoint")
+            self.save_model()
             _save_state(self.out, state)
+
+    def save_model(self) -> None:
+        """The policy as a Hugging Face model directory, ``OUT/model`` (replaced whole at each
+        checkpoint): what ``turnstile eval rollout.engine.model=OUT`` evaluates."""
+        state = self.state
+        replace_model(self.learner.full_weights(), self.learner.config.model, self.out / RUN_MODEL, about={
+            "name": f"{self.out.name}@step{state.step}", "step": state.step,
+            "weights_version": state.weights_version,
+            "what": f"the policy of the turnstile train run {self.out.name} after step {state.step}",
+            "made_by": "turnstile train (saved with each checkpoint)"})
 
     def evaluate_before(self) -> None:
         """The step-0 evaluation (the policy before any update), once per run: a resumed run that

@@ -20,6 +20,7 @@ rollout generates records the version that produced it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 from rollout.engines.base import PolicyEngine
-from rollout.model_store import kept_versions
+from rollout.model_store import BUILD_INFO, kept_versions
 
 MODES = ("inplace", "checkpoint")
 
@@ -82,15 +83,40 @@ def write_checkpoint(weights: Mapping[str, torch.Tensor], directory: str | Path)
     return directory
 
 
-def save_hf_model(weights: Mapping[str, torch.Tensor], base_model: str | Path, out: str | Path) -> Path:
-    """A loadable Hugging Face model directory: ``base_model``'s config and tokenizer, these weights."""
+def save_hf_model(weights: Mapping[str, torch.Tensor], base_model: str | Path, out: str | Path,
+                  about: Mapping[str, object] | None = None) -> Path:
+    """A loadable Hugging Face model directory: ``base_model``'s config and tokenizer, these weights.
+    ``about``: what the model is, written as its ``turnstile-model.json`` with the base's own
+    description under ``base`` (without it, the base's file is copied as it is)."""
     base, out = Path(base_model), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for item in base.iterdir():
         if item.is_file() and not item.name.endswith((".safetensors", ".bin")) and item.name != "model.safetensors.index.json":
             shutil.copy2(item, out / item.name)
     write_checkpoint(weights, out)
+    if about is not None:
+        described = base / BUILD_INFO
+        info = {**about, "base": json.loads(described.read_text()) if described.is_file() else str(base)}
+        (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return out
+
+
+def replace_model(weights: Mapping[str, torch.Tensor], base_model: str | Path, target: str | Path,
+                  about: Mapping[str, object] | None = None) -> Path:
+    """:func:`save_hf_model` into ``target``, written beside it and swapped in whole: a reader
+    finds the previous model or this one, never a mix."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        save_hf_model(weights, base_model, staging, about)
+        if target.exists() or target.is_symlink():
+            _remove(target)
+        os.replace(staging, target)
+    except BaseException:
+        _remove(staging)
+        raise
+    return target
 
 
 # ---- past versions, for scoring trajectories by the weights that generated them --------------------
@@ -116,12 +142,7 @@ class WeightsArchive:
 
     def add(self, version: int, weights: Mapping[str, torch.Tensor]) -> Path:
         """Write ``version`` (atomically: a reader sees the whole directory or none) and prune."""
-        target = self.root / f"v{version}"
-        staging = Path(tempfile.mkdtemp(prefix=f".v{version}-", dir=self.root))
-        save_hf_model(weights, self.base, staging)
-        if target.exists() or target.is_symlink():
-            _remove(target)
-        os.replace(staging, target)
+        target = replace_model(weights, self.base, self.root / f"v{version}")
         for old in sorted(kept_versions(self.root))[:-self.keep]:
             _remove(self.root / f"v{old}")
         return target

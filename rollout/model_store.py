@@ -39,6 +39,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 BUILD_INFO = "turnstile-model.json"
+RUN_MODEL = "model"  # the policy a train or sft run saved last, in its output directory
 RANDOM_MODEL = "tiny-qwen3"  # the random-weight tiny model, built on first use
 SFT_MODEL = "tiny-qwen3-sft"  # the tiny model after SFT on the scripted expert, committed
 WARM_MODEL = "tiny-qwen3-mixed"  # the warm start of `turnstile train`: SFT_MODEL after SFT on two
@@ -101,11 +102,16 @@ def ensure_default_model(spec: TinyModelSpec | None = None) -> Path:
 def resolve_model(model: str) -> str:
     """A config's ``model`` value as a path or hub name: "" and ``tiny-qwen3`` mean the random tiny
     model (built on first use), ``tiny-qwen3-sft`` and ``tiny-qwen3-mixed`` (the warm start) the
-    committed models; anything else is a model directory or hub name, returned as given."""
+    committed models; the output directory of a ``turnstile train`` or ``turnstile sft`` run means
+    the policy it saved last (its ``model/``, written with each checkpoint); anything else is a model
+    directory or hub name, returned as given."""
     if model in ("", RANDOM_MODEL):
         return str(ensure_default_model())
     if model in COMMITTED_MODELS:
         return str(committed_model_path(model))
+    run = Path(model)
+    if not (run / "config.json").is_file() and (run / RUN_MODEL / "config.json").is_file():
+        return str(run / RUN_MODEL)
     return model
 
 

@@ -7,6 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from cluster.cli import main
 from cluster.config import load_config
@@ -14,6 +16,7 @@ from cluster.score import EstimatorEntry
 from cluster.train import TrainError, TrainJob, check, learning_line, run_train, step_tasks, trainable
 from envs.tasks import Task
 from rewards.base import RewardSpec
+from rollout.model_store import BUILD_INFO, WARM_MODEL, ensure_default_model, resolve_model
 from rollout.trajectory import Segment, StopReason, Trajectory, Turn, load_trajectories
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
@@ -112,6 +115,10 @@ def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: P
     assert (tmp_path / "tensorboard").is_dir() and any((tmp_path / "tensorboard").iterdir())
     third = load_trajectories(tmp_path / "rollouts" / "step2.jsonl")
     assert {turn.weights_version for t in third for turn in t.turns} == {2}
+    # The policy of the last checkpoint, a model directory `turnstile eval` takes by the run's name.
+    assert resolve_model(str(tmp_path)) == str(tmp_path / "model")
+    info = json.loads((tmp_path / "model" / BUILD_INFO).read_text())
+    assert info["step"] == 3 and info["weights_version"] == 3 and info["base"]["name"] == WARM_MODEL
 
 
 def test_gpu_cluster_example_is_a_valid_experiment() -> None:
@@ -245,3 +252,26 @@ def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Pa
     run.archive = SimpleNamespace(root=tmp_path / "weights")  # type: ignore[assignment]
     assert [spec.options for spec in run.reward_specs()] == [
         {"versions_dir": str(tmp_path / "weights")}, {}, {"model": "own"}]
+
+
+def test_each_checkpoint_saves_the_learners_policy_whole_as_a_model_eval_takes_by_the_runs_name(
+        tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from cluster.train import Run
+
+    base = ensure_default_model()
+    weights = {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(base).named_parameters()}
+    learner = SimpleNamespace(config=SimpleNamespace(model=str(base)), full_weights=lambda: trained)
+    job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
+    run = Run(job, tmp_path, learner, SimpleNamespace(pool=None), [], [], None, None, False)  # type: ignore[arg-type]
+    for step in (1, 2):
+        trained = {name: w + step for name, w in weights.items()}
+        run.state.step = run.state.weights_version = step
+        run.save_model()
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(str(tmp_path)))
+        assert all(torch.equal(p, trained[name]) for name, p in model.named_parameters())
+        info = json.loads((tmp_path / "model" / BUILD_INFO).read_text())
+        assert info["step"] == step and info["base"]["name"] == "tiny-qwen3"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
+    assert resolve_model(str(base)) == str(base)  # a model directory is itself
