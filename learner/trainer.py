@@ -38,6 +38,26 @@ from learner.downsample import downsample, renormalise
 from rollout.trajectory import Trajectory
 
 LOSSES = ("vanilla", "gspo")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """What a policy loss takes when its ``learner.*`` setting is left empty (None)."""
+
+    clip_ratio_low: float
+    clip_ratio_high: float
+    loss_agg_mode: str
+    recompute_old_log_probs: bool
+
+
+# PPO's clip range acts per token; GSPO's ratio is a sequence's geometric mean, which moves far less,
+# so it has its own range (the GSPO paper's 3e-4 / 4e-4), averages over sequences, and recomputes the
+# old log-probs with the learner: a rollout engine's own differ by more than that range (the
+# train/inference mismatch), which would clip most sequences before any update.
+LOSS_DEFAULTS = {
+    "vanilla": LossSettings(0.2, 0.28, "token-mean", False),
+    "gspo": LossSettings(3e-4, 4e-4, "seq-mean-token-mean", True),
+}
 KL_TYPES = ("low_var_kl", "kl", "abs", "mse")
 
 
@@ -62,13 +82,15 @@ class LearnerConfig:
     total_steps: int = 1000  # for the learning-rate schedule
     warmup_steps: int = 0
     loss: str = "vanilla"  # vanilla (PPO-clip) | gspo (sequence-level ratio, docs/algorithms.md §7)
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    loss_agg_mode: str = "token-mean"
+    # None: the loss's own (LOSS_DEFAULTS): vanilla 0.2 / 0.28 / token-mean, gspo 3e-4 / 4e-4 /
+    # seq-mean-token-mean, with the old log-probs recomputed
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    loss_agg_mode: str | None = None
     entropy_coeff: float = 0.0
     kl_coef: float = 0.0  # > 0 adds KL to a frozen reference copy of the initial model
     kl_type: str = "low_var_kl"
-    recompute_old_log_probs: bool = False  # False: the rollout's own log-probs are the old policy
+    recompute_old_log_probs: bool | None = None  # False: the rollout's own log-probs are the old policy
     max_length: int = 8192  # prompt + response tokens per sample; longer responses are cut (counted)
     seed: int = 0
     gradient_checkpointing: bool = False
@@ -89,6 +111,10 @@ class LearnerConfig:
                                f"mini-batch {self.mini_batch // self.dp} (mini_batch / dp)")
         if self.loss not in LOSSES:
             raise LearnerError(f"learner.loss={self.loss!r} is not one of {', '.join(LOSSES)}")
+        for name in ("clip_ratio_low", "clip_ratio_high"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise LearnerError(f"learner.{name}={value} must be a number > 0 (or empty: the loss's own)")
         if self.kl_type not in KL_TYPES:
             raise LearnerError(f"learner.kl_type={self.kl_type!r} is not one of {', '.join(KL_TYPES)}")
         if self.kl_coef < 0:
@@ -108,6 +134,15 @@ class LearnerConfig:
         if reserved:
             raise LearnerError(f"learner.optimizer_options: set {', '.join(reserved)} with learner.{reserved[0]}, "
                                "not in the options")
+
+    def loss_settings(self) -> LossSettings:
+        """The clip range, aggregation and old log-probs in force: each setting, or the loss's own."""
+        own = LOSS_DEFAULTS[self.loss]
+        return LossSettings(
+            own.clip_ratio_low if self.clip_ratio_low is None else self.clip_ratio_low,
+            own.clip_ratio_high if self.clip_ratio_high is None else self.clip_ratio_high,
+            own.loss_agg_mode if self.loss_agg_mode is None else self.loss_agg_mode,
+            own.recompute_old_log_probs if self.recompute_old_log_probs is None else self.recompute_old_log_probs)
 
 
 @dataclass
@@ -254,10 +289,10 @@ class Learner:
 
         from learner.verl_workers import ppo_loss_with_mismatch
 
-        c = self.config
+        c, loss = self.config, self.config.loss_settings()
         actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_mini_batch_size=c.mini_batch,
-                            ppo_micro_batch_size_per_gpu=c.micro_batch, clip_ratio_low=c.clip_ratio_low,
-                            clip_ratio_high=c.clip_ratio_high, loss_agg_mode=c.loss_agg_mode,
+                            ppo_micro_batch_size_per_gpu=c.micro_batch, clip_ratio_low=loss.clip_ratio_low,
+                            clip_ratio_high=loss.clip_ratio_high, loss_agg_mode=loss.loss_agg_mode,
                             entropy_coeff=c.entropy_coeff, use_kl_loss=c.kl_coef > 0,
                             kl_loss_coef=c.kl_coef, kl_loss_type=c.kl_type,
                             policy_loss={"loss_mode": c.loss})
@@ -308,7 +343,7 @@ class Learner:
         layout = rank_major_layout(mini_batches(samples, c.mini_batch, seed), c.dp)
         data, padded = self._tensordict(layout)
         if not sft:
-            if c.recompute_old_log_probs:
+            if c.loss_settings().recompute_old_log_probs:
                 data["old_log_probs"] = self._log_probs(self._actor, layout)
             if self._reference is not None:
                 data["ref_log_prob"] = self._log_probs(self._reference, layout)

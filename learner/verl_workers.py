@@ -61,11 +61,13 @@ def ppo_loss_with_mismatch(config: Any, model_output: TensorDict, data: TensorDi
                            dp_group: object = None) -> tuple[torch.Tensor, dict[str, Any]]:
     """veRL's ``ppo_loss``, plus the importance ratio between the learner's log-probs and the old
     policy's on the same response tokens: ``mismatch/ratio_mean``, ``mismatch/ratio_max`` and
-    ``mismatch/clipped`` (the share of tokens outside the clip range).
+    ``mismatch/clipped`` (the share outside the clip range): per token, or per sequence for GSPO,
+    whose ratio is each sequence's geometric mean.
 
     With the rollout's own log-probs as the old policy (``recompute_old_log_probs=false``, the
-    default), the ratio of a step's first mini-batch is the train/inference mismatch the seeds' systems
-    watch: the same weights, two implementations. Later mini-batches add the step's own updates.
+    vanilla loss's default), the ratio of a step's first mini-batch is the train/inference mismatch
+    the seeds' systems watch: the same weights, two implementations. Later mini-batches add the
+    step's own updates.
     """
     from verl.workers.utils.losses import ppo_loss
 
@@ -74,7 +76,12 @@ def ppo_loss_with_mismatch(config: Any, model_output: TensorDict, data: TensorDi
     fields = data.select("response_mask", "old_log_probs").to_padded_tensor()
     mask = fields["response_mask"].to(torch.bool)
     if mask.any():
-        ratio = torch.exp(log_prob - fields["old_log_probs"].to(log_prob.dtype))[mask]
+        log_ratio = (log_prob - fields["old_log_probs"].to(log_prob.dtype)).masked_fill(~mask, 0.0)
+        if config.policy_loss.get("loss_mode") == "gspo":
+            rows = mask.any(dim=1)
+            ratio = torch.exp(log_ratio.sum(dim=1)[rows] / mask.sum(dim=1)[rows])
+        else:
+            ratio = torch.exp(log_ratio)[mask]
         outside = (ratio < 1 - config.clip_ratio_low) | (ratio > 1 + config.clip_ratio_high)
         metrics["mismatch/ratio_mean"] = Metric(value=ratio.mean().item(), aggregation=AggregationType.MEAN)
         metrics["mismatch/ratio_max"] = Metric(value=ratio.max().item(), aggregation=AggregationType.MAX)

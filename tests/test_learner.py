@@ -195,11 +195,23 @@ async def test_rl_step_on_scored_trajectories_then_publish_to_vllm(
         await publish(vllm_engine, weights, version=2, mode="checkpoint")
 
 
+def test_each_loss_has_its_own_clip_range_and_aggregation_unless_set() -> None:
+    vanilla, gspo = LearnerConfig().loss_settings(), LearnerConfig(loss="gspo").loss_settings()
+    assert (vanilla.clip_ratio_low, vanilla.clip_ratio_high, vanilla.loss_agg_mode) == (0.2, 0.28, "token-mean")
+    assert not vanilla.recompute_old_log_probs
+    assert (gspo.clip_ratio_low, gspo.clip_ratio_high, gspo.loss_agg_mode) == (3e-4, 4e-4, "seq-mean-token-mean")
+    assert gspo.recompute_old_log_probs
+    mine = LearnerConfig(loss="gspo", clip_ratio_low=0.1, recompute_old_log_probs=False).loss_settings()
+    assert (mine.clip_ratio_low, mine.clip_ratio_high, mine.recompute_old_log_probs) == (0.1, 4e-4, False)
+    with pytest.raises(LearnerError, match="clip_ratio_high=-0.1 must be a number > 0"):
+        LearnerConfig(clip_ratio_high=-0.1)
+
+
 def test_gspo_loss_with_kl_to_the_reference(ray_local: None) -> None:  # noqa: ARG001
-    """GSPO's sequence-level ratio and low_var_kl to a frozen reference, through veRL's ppo_loss."""
-    gspo = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-2, loss="gspo",
-                                 clip_ratio_low=3e-4, clip_ratio_high=4e-4, kl_coef=0.1, entropy_coeff=1e-3,
-                                 loss_agg_mode="seq-mean-token-mean", recompute_old_log_probs=True)).start()
+    """GSPO's sequence-level ratio, with its own clip range, aggregation and recomputed old
+    log-probs (nothing set), and low_var_kl to a frozen reference, through veRL's ppo_loss."""
+    gspo = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-2, loss="gspo", kl_coef=0.1,
+                                 entropy_coeff=1e-3)).start()
     try:
         samples = random_samples(4, seed=21)
         first = gspo.train_rl(samples).metrics
@@ -209,6 +221,8 @@ def test_gspo_loss_with_kl_to_the_reference(ray_local: None) -> None:  # noqa: A
     # On-policy first step: the policy is the reference (KL 0) and the ratio is 1 (nothing clipped).
     assert first["kl_loss"] == pytest.approx(0.0, abs=1e-6)
     assert first["actor/pg_clipfrac"] == 0.0
+    # The old log-probs are the learner's own: every sequence's ratio within GSPO's 3e-4 / 4e-4.
+    assert first["mismatch/clipped"] == 0.0 and first["mismatch/ratio_max"] == pytest.approx(1.0, abs=3e-4)
     # After an update the policy has moved away from the reference.
     assert second["kl_loss"] > 1e-6
     # entropy_coeff > 0 reaches the loss (veRL adds it only when the forward computed the entropy).
