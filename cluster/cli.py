@@ -10,7 +10,7 @@ import importlib
 import sys
 
 COMMANDS = ("serve_corpus", "episode", "expert", "build_model", "rollout", "score", "credit", "data", "sft", "train",
-            "eval")
+            "eval", "view")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
