@@ -351,8 +351,9 @@ def render(metrics: Mapping[str, float], step: int) -> str:
         f"reward {show('reward/mean')} acc {show('reward/accuracy', '.1f', 100, '%')}",
         f"turns {show('rollout/turns_mean', '.1f')} (max {show('rollout/turns_max', '.0f')})",
         f"fmt {show('format/ok_rate', '.1f', 100, '%')}",
-        f"ig {show('ig/mean')}±{show('ig/std')} ({show('ig/coverage', '.0f', 100, '%')} of turns)",
     ]
+    if metrics.get("ig/coverage", 0.0):  # only where a reward computes information gain
+        first.append(f"ig {show('ig/mean')}±{show('ig/std')} ({show('ig/coverage', '.0f', 100, '%')} of turns)")
     if "staleness/max" in metrics:
         first.append(f"stale {show('staleness/mean', '.2g')} (max {show('staleness/max', '.0f')})")
     first.append(f"{show('throughput/turns_per_s', '.3g')} turns/s "

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from cluster.autoscale import AutoscaleConfig
 from cluster.dispatch import Dispatcher, Episode, WorkerPool
 from cluster.elastic import ElasticFleet, elastic_fleet
+from cluster.logs import worker_runtime_env
 from envs.corpus import CorpusConfig, corpus_documents
 from envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
 from envs.datasets.registry import DatasetConfig, load_tasks
@@ -138,14 +139,22 @@ def fleet_events(out: Path) -> Path:
     return out.with_name(f"{out.stem}.fleet.jsonl")
 
 
-def init_ray(cfg: RayConfig) -> None:
+def rollout_logs(out: Path) -> Path:
+    """Where a rollout to ``out`` sends its workers' output (:mod:`cluster.logs`): ``<stem>.logs/`` beside it."""
+    return out.with_name(f"{out.stem}.logs")
+
+
+def init_ray(cfg: RayConfig, logs: Path | None = None) -> None:
     """Join the cluster ``cfg.address`` (or ``RAY_ADDRESS``, which ``ray job submit`` sets) or start
-    a local Ray with ``cfg.num_cpus`` logical CPUs (ignored when joining: the cluster has its own)."""
+    a local Ray with ``cfg.num_cpus`` logical CPUs (ignored when joining: the cluster has its own).
+    A local Ray started with ``logs`` sends its workers' output there (:mod:`cluster.logs`)."""
     if ray.is_initialized():
         return
     joining = bool(cfg.address or os.environ.get("RAY_ADDRESS"))
+    runtime_env = worker_runtime_env(logs) if logs is not None and not joining else None
     ray.init(address=cfg.address or None, num_cpus=None if joining else cfg.num_cpus,
-             include_dashboard=False if not joining else None, log_to_driver=True, configure_logging=False)
+             include_dashboard=False if not joining else None, log_to_driver=True, configure_logging=False,
+             runtime_env=runtime_env)
 
 
 def expert_engine(engine: EngineConfig, data: DatasetConfig) -> EngineConfig:

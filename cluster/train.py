@@ -25,6 +25,7 @@ from pathlib import Path
 
 from cluster.dispatch import WorkerPool
 from cluster.elastic import ElasticFleet
+from cluster.logs import LOGS
 from cluster.metrics import (
     MetricsConfig,
     MetricsSink,
@@ -410,6 +411,13 @@ def _evaluate(job: TrainJob, pool: WorkerPool, tasks: list[Task], step: int, out
             "eval/accuracy_high": high, "eval/format_rate": share, "eval/episodes": float(len(trajectories)),
             "eval/turns_mean": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
             "eval/browse_ratio": browse_ratio(trajectories)}
+
+
+def where_outputs_are(out: Path) -> str:
+    """The line that says what a run wrote and how to look at it."""
+    parts = [name for name in ("run.json", "scored/", "eval/", RUN_MODEL + "/", "tensorboard/", LOGS + "/")
+             if (out / name.rstrip("/")).exists()]
+    return f"outputs in {out}: {', '.join(parts)}; look at the trajectories: turnstile view {out}"
 
 
 def learning_line(out: Path, state: RunState) -> str:

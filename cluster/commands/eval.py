@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
+
+from cluster.logs import add_verbose_argument, console_logging, worker_logs
 
 NAME = "eval"
 HELP = "Evaluate a policy on benchmarks: k samples per question, pass@1..k, avg@k, maj@k (resumable)."
@@ -18,6 +19,7 @@ HELP = "Evaluate a policy on benchmarks: k samples per question, pass@1..k, avg@
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.yaml", help="evaluation YAML (default: built-in)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_verbose_argument(parser)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides, e.g. k=8 out=runs/eval rollout.engine.model=DIR")
 
@@ -27,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from cluster.config import dump_config, load_config
     from cluster.dispatch import NoWorkersLeft
     from cluster.eval import EvalConfig, render, run_eval
+    from cluster.rollout import init_ray
     from envs.corpus_server import CorpusServerError
 
     try:
@@ -34,15 +37,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:  # ConfigError and the config's own checks
         print(f"turnstile eval: {error}")
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console_logging(args.verbose)
     names = ", ".join(bench.name for bench in cfg.benchmarks)
     print(f"eval: {names}; k={cfg.k}; engine {cfg.rollout.engine.kind} ({cfg.rollout.engine.model}); out {cfg.out}")
     try:
+        init_ray(cfg.rollout.ray, worker_logs(Path(cfg.out), args.verbose))
         summary = run_eval(cfg, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, CorpusServerError, NoWorkersLeft) as error:  # each says what to do
         print(f"turnstile eval: {error}")
         return 1
     (Path(cfg.out) / "config.yaml").write_text(dump_config(cfg))
     print(render(summary))
-    print(f"results: {cfg.out}/results.jsonl, summary: {cfg.out}/summary.json")
+    print(f"results: {cfg.out}/results.jsonl, summary: {cfg.out}/summary.json, figure: {cfg.out}/eval.png"
+          + (f", workers' logs: {cfg.out}/logs/" if (Path(cfg.out) / "logs").is_dir() else ""))
     return 0

@@ -8,8 +8,9 @@ trajectories as JSONL and print a summary.
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
+
+from cluster.logs import add_verbose_argument, console_logging
 
 
 NAME = "rollout"
@@ -20,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.yaml", help="experiment YAML (default: built-in)")
     parser.add_argument("--out", metavar="FILE.jsonl", required=True, help="where to write trajectories")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_verbose_argument(parser)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides, e.g. group_size=8 engine.kind=hf")
 
@@ -27,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from cluster.config import ConfigError, dump_config, load_config
-    from cluster.rollout import RolloutConfig, run_rollout
+    from cluster.rollout import RolloutConfig, init_ray, rollout_logs, run_rollout
     from envs.corpus_server import CorpusServerError
 
     try:
@@ -35,19 +37,21 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"turnstile rollout: {error}")
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console_logging(args.verbose)
     out = Path(args.out)
     print(f"rollout: {cfg.data.kind} tasks x {cfg.group_size} samples, engine {cfg.engine.kind} "
           f"({cfg.fleet.engine_replicas} replica(s)), {cfg.fleet.workers} worker(s) x "
           f"{cfg.fleet.episodes_per_worker} episodes, context {cfg.context.kind}")
     try:
+        init_ray(cfg.ray, None if args.verbose else rollout_logs(out))
         summary = run_rollout(cfg, out, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, CorpusServerError) as error:
         print(f"turnstile rollout: {error}")
         return 1
     out.with_suffix(".config.yaml").write_text(dump_config(cfg))
     print(summary.render())
-    print(f"trajectories: {out}")
+    print(f"trajectories: {out} (look at them: turnstile view {out})"
+          + (f", workers' logs: {rollout_logs(out)}/" if rollout_logs(out).is_dir() else ""))
     if summary.all_failed:
         print(f"turnstile rollout: every episode failed; the first said: {summary.first_error or '?'}")
         return 1

@@ -12,7 +12,9 @@ Prints the evaluation before training (share of well-formed turns on held-out ta
 from __future__ import annotations
 
 import argparse
-import logging
+from pathlib import Path
+
+from cluster.logs import add_verbose_argument, console_logging, worker_logs
 
 
 NAME = "sft"
@@ -22,6 +24,7 @@ HELP = "Supervised fine-tuning on trajectories or chat rows, with evaluation bef
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.yaml", help="experiment YAML (default: built-in)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_verbose_argument(parser)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides, e.g. data.path=runs/expert.jsonl steps=100")
 
@@ -29,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from cluster.config import ConfigError, dump_config, load_config
+    from cluster.rollout import init_ray
     from cluster.sft import SftJob, run_sft
     from learner.sft import SftDataError
     from learner.trainer import LearnerError
@@ -38,12 +42,12 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, LearnerError) as error:
         print(f"turnstile sft: {error}")
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console_logging(args.verbose)
     try:
-        from pathlib import Path
 
         Path(job.out).mkdir(parents=True, exist_ok=True)
         (Path(job.out) / "config.yaml").write_text(dump_config(job))
+        init_ray(job.ray, worker_logs(Path(job.out), args.verbose))
         run_sft(job, progress=not args.no_progress)
     except (SftDataError, LearnerError, ValueError, FileNotFoundError) as error:
         print(f"turnstile sft: {error}")

@@ -8,8 +8,9 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
+
+from cluster.logs import add_verbose_argument, console_logging, worker_logs
 
 
 NAME = "train"
@@ -20,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.yaml", help="experiment YAML (default: built-in)")
     parser.add_argument("--resume", action="store_true", help="continue from the run's last checkpoint")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_verbose_argument(parser)
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides, e.g. steps=10 rollout.group_size=8")
 
@@ -28,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from cluster.config import dump_config, load_config
     from cluster.dispatch import NoWorkersLeft
-    from cluster.train import TrainJob, check, learning_line, run_train
+    from cluster.rollout import init_ray
+    from cluster.train import TrainJob, check, learning_line, run_train, where_outputs_are
     from envs.corpus_server import CorpusServerError
     from rewards.service import RewardServiceError
     from rollout.store import StoreError
@@ -40,18 +43,20 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, StoreError) as error:  # ConfigError, TrainError, RewardError, a store refused
         print(f"turnstile train: {error}")
         return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console_logging(args.verbose)
     Path(job.out).mkdir(parents=True, exist_ok=True)
     (Path(job.out) / "config.yaml").write_text(dump_config(job))
     print(f"train: {job.mode}, {job.steps} steps of {job.tasks_per_step} tasks x {job.rollout.group_size} "
           f"samples, engine {job.rollout.engine.kind}, learner dp={job.learner.dp}, out {job.out}")
     try:
+        init_ray(job.rollout.ray, worker_logs(Path(job.out), args.verbose))
         state = run_train(job, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, CorpusServerError, StoreError, RewardServiceError,
             NoWorkersLeft) as error:  # each says what to do
         print(f"turnstile train: {error}")
         return 1
     print(f"done: {state.step} steps, weights version {state.weights_version}")
+    print(where_outputs_are(Path(job.out)))
     if line := learning_line(Path(job.out), state):  # the last line: before -> after
         print(line)
     return 0
