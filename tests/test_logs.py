@@ -64,7 +64,6 @@ def test_a_train_run_on_its_own_ray_prints_its_steps_not_the_workers_start_up(tm
                            "rollout.ray.num_cpus=4"],
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     console = done.stdout
-    print(console)
     assert done.returncode == 0, console[-3000:]
     lines = console.strip().splitlines()
     worker_lines = [line for line in lines if "pid=" in line]  # Ray's prefix of forwarded output
