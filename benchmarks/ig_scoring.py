@@ -1,4 +1,4 @@
-"""Information-gain scoring cost: the KV-cached scorer against one full forward per boundary.
+"""Information-gain scoring cost: the KV-cached scorer and the vLLM path against one full forward per boundary.
 
 Makes real trajectories of 50, 100 and 200 turns: the synthetic world's scripted expert answers an
 aggregation question (100+ members, about two tool calls each) through the episode loop with the
@@ -6,16 +6,26 @@ real search tool over the world's pages and a visit tool that returns each page'
 memory (what the real visit tool extracts, without an HTTP server); ``max_turns`` cuts the episode
 at 50, 100 or 200 turns with the forced final answer. Then it scores ``v_s`` at every turn of each
 trajectory on the default tiny model with :class:`~rewards.information_gain.scorers.HFInformationGainScorer`,
-and with :class:`~rewards.information_gain.scorers.PerPrefixScorer` (a full forward per boundary).
+with :class:`~rewards.information_gain.scorers.PerPrefixScorer` (a full forward per boundary) and,
+with ``--vllm``, through vLLM (:class:`~rewards.information_gain.values.EngineGoldScorer`: prefix-cache
+reads, the longest boundary first) in the same run, on the same trajectories.
 
 The naive scorer needs ``Σ_s prefix_s`` token forwards (about an hour on 2 CPU cores at 200
 turns), so by default it is timed on ``--naive-samples`` boundaries evenly spaced over the
 trajectory and its total is extrapolated (mean × T); ``--naive-samples 0`` times every boundary.
 The largest |difference| is over the gold log-probs of the boundaries the naive scorer ran.
 
-    .venv/bin/python benchmarks/ig_scoring.py [--turns 50 100 200] [--naive-samples 12]
+The limit of a speed-up is the ratio of the work done. Two measures of it: token forwards
+(``Σ_s (prefix_s + R)`` against ``L + T·R``) and FLOPs, which add attention: each query token
+attends to every key before it, ``4 · layers · heads · head_dim`` FLOPs a (query, key) pair, beside
+``2 · parameters`` a token for the layers' matrices. On the tiny model at these lengths attention is
+most of the work (a forward of L tokens costs about 4× one of L/2), and the naive scorer's prefixes
+are on average half as long as the cached scorer's one context, so the FLOP ratio, about T/3, is the
+limit; the token ratio, about T/2, is not reachable by any exact method.
 
-Targets: speed-up ≥ 10 at 200 turns, largest |difference| ≤ 1e-4.
+    .venv/bin/python benchmarks/ig_scoring.py [--turns 50 100 200] [--naive-samples 12] [--vllm]
+
+Targets: speed-up ≥ 0.8 of the FLOP limit, largest |difference| ≤ 1e-5.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from envs.tasks import Task
 from envs.tools.base import JsonObject, ToolError
 from envs.tools.toolbox import Toolbox
 from rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
-from rewards.information_gain.values import SegmentBoundaries, segment_boundaries
+from rewards.information_gain.values import EngineGoldScorer, SegmentBoundaries, segment_boundaries
 from rollout.chat import ChatFormat
 from rollout.context import ContextConfig, build_context_manager
 from rollout.engines.scripted import ScriptedEngine
@@ -120,8 +130,34 @@ def evenly_spaced(count: int, samples: int) -> list[int]:
     return sorted({round(i * (count - 1) / (samples - 1)) for i in range(samples)})
 
 
+def work(model: PreTrainedModel, forwards: Sequence[tuple[int, int]]) -> float:
+    """FLOPs of forwards given as (tokens, attended (query, key) pairs): the layers' matrices and
+    attention (the embedding and the logits of the few kept rows left out)."""
+    config = model.config
+    layers = sum(p.numel() for p in model.model.layers.parameters())
+    per_pair = 4 * config.num_hidden_layers * config.num_attention_heads * config.head_dim
+    return sum(2.0 * layers * tokens + per_pair * pairs for tokens, pairs in forwards)
+
+
+def naive_forwards(segment: SegmentBoundaries) -> list[tuple[int, int]]:
+    """One causal forward per boundary over its whole sequence."""
+    lengths = [len(segment.sequence(b)) for b in range(len(segment.prefix_lens))]
+    return [(n, n * (n + 1) // 2) for n in lengths]
+
+
+def cached_forwards(segment: SegmentBoundaries) -> list[tuple[int, int]]:
+    """The context with the last boundary's pseudo-response, causally; then each other boundary's
+    R ids, each attending to its prefix and its own earlier ids (packing changes no count)."""
+    last = max(range(len(segment.prefix_lens)), key=segment.prefix_lens.__getitem__)
+    first = len(segment.context_ids) + len(segment.pseudo[last].ids)
+    rest = [(len(segment.pseudo[b].ids), len(segment.pseudo[b].ids) * segment.prefix_lens[b]
+             + len(segment.pseudo[b].ids) * (len(segment.pseudo[b].ids) + 1) // 2)
+            for b in range(len(segment.prefix_lens)) if b != last]
+    return [(first, first * (first + 1) // 2), *rest]
+
+
 def bench(model: PreTrainedModel, chat: ChatFormat, trajectory: Trajectory,
-          naive_samples: int) -> dict[str, float]:
+          naive_samples: int, engine: object | None, loop: asyncio.AbstractEventLoop) -> dict[str, float]:
     (segment,) = segment_boundaries(trajectory, chat, trajectory.answers[0]) or []
     counter = TokenCounter(model)
     began = time.perf_counter()
@@ -137,10 +173,18 @@ def bench(model: PreTrainedModel, chat: ChatFormat, trajectory: Trajectory,
     turns = len(segment.prefix_lens)
     worst = max(abs(a - b) for boundary, want in reference.items()
                 for a, b in zip(cached[boundary], want, strict=True))
-    return {"turns": turns, "context": len(segment.context_ids), "R": len(segment.pseudo[0].ids),
-            "cached_s": cached_s, "naive_s": naive_measured_s * turns / len(chosen),
-            "sampled": len(chosen), "cached_tokens": cached_tokens,
-            "naive_tokens": sum(len(segment.sequence(b)) for b in range(turns)), "worst": worst}
+    row = {"turns": turns, "context": len(segment.context_ids), "R": len(segment.pseudo[0].ids),
+           "cached_s": cached_s, "naive_s": naive_measured_s * turns / len(chosen),
+           "sampled": len(chosen), "cached_tokens": cached_tokens,
+           "naive_tokens": sum(len(segment.sequence(b)) for b in range(turns)), "worst": worst,
+           "flop_limit": work(model, naive_forwards(segment)) / work(model, cached_forwards(segment))}
+    if engine is not None:
+        began = time.perf_counter()
+        through = loop.run_until_complete(EngineGoldScorer(engine).gold_logprobs([segment]))
+        row["vllm_s"] = time.perf_counter() - began
+        row["vllm_worst"] = max(abs(a - b) for boundary, want in reference.items()
+                                for a, b in zip(through[boundary], want, strict=True))
+    return row
 
 
 def warm_up(model: PreTrainedModel, chat: ChatFormat, trajectory: Trajectory) -> None:
@@ -152,28 +196,52 @@ def warm_up(model: PreTrainedModel, chat: ChatFormat, trajectory: Trajectory) ->
     PerPrefixScorer(model).gold_logprobs_now([first_two])
 
 
+def vllm_engine(path: object, context: int, loop: asyncio.AbstractEventLoop) -> object:
+    """A vLLM engine on the same model, in this process, with room for the longest sequence."""
+    from rollout.engines.config import EngineConfig, VllmEngineConfig
+    from rollout.engines.vllm import VllmEngine
+
+    engine = VllmEngine.from_config(EngineConfig(
+        kind="vllm", model=str(path), dtype="float32", seed=0, max_model_len=context + 256,
+        vllm=VllmEngineConfig(kv_cache_memory_bytes=1 << 30, max_num_seqs=32)))
+    loop.run_until_complete(engine.start())  # the engine lives on this loop: every call runs there
+    return engine
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--turns", type=int, nargs="+", default=[50, 100, 200])
     parser.add_argument("--naive-samples", type=int, default=12,
                         help="boundaries the naive scorer is timed on (0 = all of them)")
+    parser.add_argument("--vllm", action="store_true", help="also score through a vLLM engine (CPU)")
     args = parser.parse_args()
     path = ensure_default_model()
     chat = ChatFormat.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     trajectories = make_trajectories(chat, args.turns)
     warm_up(model, chat, trajectories[0])
+    loop = asyncio.new_event_loop()
+    longest = max(len(t.segments[0].flat_ids()) for t in trajectories)
+    engine = vllm_engine(path, longest, loop) if args.vllm else None
     print(f"torch threads: {torch.get_num_threads()}; model: {path.name} (fp32, "
           f"{model.config._attn_implementation})")
-    print("turns  context L  R   cached s  naive s (timed/extrapolated)  speed-up  "
-          "tokens fwd cached / naive   max |diff|")
+    print("turns  context L  R   cached s  naive s (timed/extrapolated)  speed-up  token ratio  FLOP ratio  "
+          "of FLOP limit  max |diff|" + ("   vLLM s  vLLM speed-up  of limit  vLLM max |diff|" if engine else ""))
     for trajectory in trajectories:
-        row = bench(model, chat, trajectory, args.naive_samples)
+        row = bench(model, chat, trajectory, args.naive_samples, engine, loop)
         naive_note = ("all" if row["sampled"] == row["turns"] else f"{row['sampled']:.0f} timed")
-        print(f"{row['turns']:5.0f}  {row['context']:9.0f}  {row['R']:.0f}  {row['cached_s']:8.1f}  "
-              f"{row['naive_s']:8.1f} ({naive_note:>9})            {row['naive_s'] / row['cached_s']:7.1f}  "
-              f"{row['cached_tokens']:11.0f} / {row['naive_tokens']:<11.0f}  {row['worst']:.1e}",
-              flush=True)
+        speedup = row["naive_s"] / row["cached_s"]
+        line = (f"{row['turns']:5.0f}  {row['context']:9.0f}  {row['R']:.0f}  {row['cached_s']:8.1f}  "
+                f"{row['naive_s']:8.1f} ({naive_note:>9})            {speedup:7.1f}  "
+                f"{row['naive_tokens'] / row['cached_tokens']:11.1f}  {row['flop_limit']:10.1f}  "
+                f"{speedup / row['flop_limit']:13.2f}  {row['worst']:.1e}")
+        if engine is not None:
+            vllm_speedup = row["naive_s"] / row["vllm_s"]
+            line += (f"  {row['vllm_s']:7.1f}  {vllm_speedup:13.1f}  {vllm_speedup / row['flop_limit']:8.2f}  "
+                     f"{row['vllm_worst']:.1e}")
+        print(line, flush=True)
+    if engine is not None:
+        loop.run_until_complete(engine.aclose())
 
 
 if __name__ == "__main__":

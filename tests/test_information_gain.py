@@ -333,6 +333,51 @@ def test_cost_is_linear_in_tokens_forwarded(kind: str, trajectories: dict[str, T
         assert naive > 3 * cached  # Σ prefixes ~ T·L/2 against L + T·R
 
 
+class ForwardCounter:
+    """Counts the forwards of a model (a forward pre-hook)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls = 0
+        self.handle = model.register_forward_pre_hook(lambda *_: self._count())
+
+    def _count(self) -> None:
+        self.calls += 1
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_boundaries_go_packed_in_chunks_that_bound_the_mask_and_change_no_value(
+        attention: str, trajectories: dict[str, Trajectory], chat: ChatFormat) -> None:
+    """All boundaries but the last in one packed forward, or in chunks when the mask would be
+    larger than allowed: the same gold log-probs as one forward per boundary (1e-5), with SDPA's
+    boolean mask and eager attention's additive one."""
+    model = AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=torch.float32,
+                                                 attn_implementation=attention).eval()
+    grouped = boundaries(trajectories["discard_all"], chat) + boundaries(trajectories["mono"], chat)
+    naive = PerPrefixScorer(model).gold_logprobs_now(grouped)
+    counter = ForwardCounter(model)
+    try:
+        whole = HFInformationGainScorer(model).gold_logprobs_now(grouped)
+        assert counter.calls == sum(1 + (len(group.prefix_lens) > 1) for group in grouped)
+        counter.calls = 0
+        longest = max(len(group.context_ids) for group in grouped)
+        pseudo = max(len(p.ids) for group in grouped for p in group.pseudo)
+        small = HFInformationGainScorer(model, max_mask_elements=3 * pseudo * (longest + 3 * pseudo))
+        chunked = small.gold_logprobs_now(grouped)
+        mono = grouped[-1]
+        assert counter.calls > len(grouped) + (len(mono.prefix_lens) - 1) // 3  # chunks of <= 3 boundaries
+    finally:
+        counter.handle.remove()
+    assert worst_gap(whole, naive) <= 1e-5
+    assert worst_gap(chunked, naive) <= 1e-5
+
+
+def test_flash_attention_is_refused_with_a_way_out() -> None:
+    model = AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=torch.float32)
+    model.config._attn_implementation = "flash_attention_2"  # noqa: SLF001 (what from_pretrained sets)
+    with pytest.raises(ValueError, match="PerPrefixScorer"):
+        HFInformationGainScorer(model)
+
+
 def test_a_cache_that_cannot_be_cut_back_is_refused() -> None:
     config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16,
