@@ -92,3 +92,27 @@ def test_the_reported_ratio_is_learner_over_rollout(learner: Learner) -> None:
     skewed = learner.train_rl(with_rollout_log_probs(samples, current, shift=math.log(2.0))).metrics
     assert skewed["mismatch/ratio_mean"] == pytest.approx(0.5, rel=1e-3)
     assert skewed["mismatch/clipped"] == 1.0
+
+
+@pytest.mark.parametrize("mini_batch", [8, 4])
+def test_gspo_with_its_defaults_moves_each_sequence_the_way_its_advantage_says(
+        ray_local: None, mini_batch: int) -> None:  # noqa: ARG001
+    """Round-level GSPO's loss (sequence ratio, its own clip range, recomputed old log-probs): in one
+    mini-batch every sequence with +1 gains log-prob and every one with -1 loses it; over two
+    mini-batches (the second one's ratios moved by the first update, mostly clipped) on average."""
+    gspo = Learner(LearnerConfig(dp=1, mini_batch=mini_batch, micro_batch=2, lr=3e-3, max_length=512,
+                                 loss="gspo")).start()
+    try:
+        samples = [sample(i, 1.0 if i % 2 == 0 else -1.0, seed=7) for i in range(8)]
+        before = gspo.log_probs(samples)
+        samples = with_rollout_log_probs(samples, before)
+        report = gspo.train_rl(samples)
+        after = gspo.log_probs(samples)
+    finally:
+        gspo.close()
+    moved = [a - b for a, b in zip(policy_mean(after, samples), policy_mean(before, samples), strict=True)]
+    assert report.trained
+    if mini_batch == 8:
+        assert min(moved[0::2]) > 0 and max(moved[1::2]) < 0, moved
+    else:
+        assert sum(moved[0::2]) > 0 > sum(moved[1::2]), moved
