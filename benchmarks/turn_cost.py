@@ -7,8 +7,10 @@ and when it returns; a turn's orchestration cost is the gap between one return a
 
     .venv/bin/python benchmarks/turn_cost.py [--episodes 8] [--turns 200] [--concurrency 8]
 
-Prints the median cost at turns 5–15 and 190–200, their ratio (target ≤ 1.5), and turns per
-second per core (turns over the process' CPU time).
+Prints the median cost at turns 5–15 and 190–200, their ratio (target ≤ 1.5), turns per
+second per core (turns over the process' CPU time), and the share of that CPU time spent turning
+observations into token ids (``ChatFormat.delta_ids``: the tokenizer's work, which any system must
+do) against the rest (turnstile's own: context, parsing, environment, bookkeeping).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -87,8 +89,26 @@ class InstantEngine:
         return None
 
 
+class Stopwatch:
+    """Adds up the time spent in the calls it wraps (one thread: the episode loop's)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, function: Callable[..., list[int]]) -> Callable[..., list[int]]:
+        def timed(*args: object, **kwargs: object) -> list[int]:
+            began = time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds += time.process_time() - began
+        return timed
+
+
 async def measure(episodes: int, turns: int, concurrency: int) -> None:
     chat = ChatFormat.from_pretrained(ensure_default_model())
+    tokenising = Stopwatch()
+    chat.delta_ids = tokenising.wrap(chat.delta_ids)  # type: ignore[method-assign]
     engine = InstantEngine(chat)
     toolbox = Toolbox([InstantSearch()], ToolboxConfig(cache=CacheConfig(backend="none")))
     config = EpisodeConfig(max_new_tokens=64, context_budget=1_000_000,
@@ -116,6 +136,10 @@ async def measure(episodes: int, turns: int, concurrency: int) -> None:
     print(f"orchestration per turn: turns 5-15 {early_ms:.3f} ms, turns {turns - 10}-{turns} "
           f"{late_ms:.3f} ms, ratio {late_ms / early_ms:.2f} (target <= 1.5)")
     print(f"throughput: {sum(done) / cpu:.0f} turns per CPU-second ({sum(done) / wall:.0f} turns/s wall)")
+    per_turn = cpu / sum(done) * 1e3
+    tokenised = tokenising.seconds / sum(done) * 1e3
+    print(f"CPU per turn {per_turn:.3f} ms: observation to ids {tokenised:.3f} ms "
+          f"({tokenised / per_turn:.0%}), the rest {per_turn - tokenised:.3f} ms ({1 - tokenised / per_turn:.0%})")
 
 
 def main() -> None:
