@@ -54,6 +54,11 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "iter_research_gspo": ("iter_research, round-level GSPO (from tiny-qwen3-iter), 256 tokens a turn", [
         *ITER, "rollout.episode.max_new_tokens=256"]),
     "iter_research_gspo_160": ("iter_research, round-level GSPO (from tiny-qwen3-iter), 160 tokens a turn", ITER),
+    # A step's ~100 rounds make 3 mini-batches of 32, so 3 Adam steps where mono's 32 samples make 1:
+    # the later ones on ratios the first moved out of GSPO's narrow clip range.
+    "iter_research_gspo_mb64": ("iter_research, round-level GSPO (from tiny-qwen3-iter), 256 tokens a turn, "
+                                "mini-batches of 64 rounds", [*ITER, "rollout.episode.max_new_tokens=256",
+                                                              "learner.mini_batch=64"]),
     "mono_gspo_iter": ("mono context, GSPO loss (from tiny-qwen3-iter)", ["learner.loss=gspo"]),
     "grpo_hard": ("GRPO on the hard split (2 hops)", [HARD, HARD_EVAL]),
     "igpo_hard": ("IGPO on the hard split (2 hops)", [HARD, HARD_EVAL, IG, "estimator.name=igpo"]),
@@ -63,7 +68,8 @@ ARMS: dict[str, tuple[str, list[str]]] = {
 # iter_research turn must carry, so every turn of it is malformed there (measured: 0.0% format and
 # accuracy at step 0, 110 episodes) and no estimator has a signal; mono vs iter_research is compared
 # from tiny-qwen3-iter, which writes both.
-ARM_MODELS = {"iter_research_gspo": ITER_MODEL, "iter_research_gspo_160": ITER_MODEL, "mono_gspo_iter": ITER_MODEL}
+ARM_MODELS = {arm: ITER_MODEL for arm in ("iter_research_gspo", "iter_research_gspo_160", "iter_research_gspo_mb64",
+                                          "mono_gspo_iter")}
 
 
 def finished(out: Path) -> bool:
