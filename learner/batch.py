@@ -30,6 +30,18 @@ from rollout.trajectory import Segment, Trajectory, Turn
 TurnWeight = Callable[[Turn], float]
 
 
+def importance_ratios(log_prob: torch.Tensor, old: torch.Tensor, mask: torch.Tensor,
+                      per_sequence: bool) -> torch.Tensor:
+    """``exp(log_prob - old)`` on the response tokens ``mask`` marks (padded rows): one per token, or
+    one per sequence, the geometric mean over its tokens (GSPO's ratio)."""
+    keep = mask.to(torch.bool)
+    log_ratio = (log_prob - old.to(log_prob.dtype)).masked_fill(~keep, 0.0)
+    if per_sequence:
+        rows = keep.any(dim=1)
+        return torch.exp(log_ratio.sum(dim=1)[rows] / keep.sum(dim=1)[rows])
+    return torch.exp(log_ratio)[keep]
+
+
 def unit_weight(turn: Turn) -> float:
     """Every generated token counts once: the loss weight of RL samples."""
     return 1.0

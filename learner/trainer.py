@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from learner.batch import Sample, balance_for_ranks, collate, samples_from_trajectories
+from learner.batch import Sample, balance_for_ranks, collate, importance_ratios, samples_from_trajectories
 from learner.credit.registry import Estimator
 from learner.downsample import downsample, renormalise
 from rollout.trajectory import Trajectory
@@ -342,9 +342,12 @@ class Learner:
         seed = c.seed + self.step if seed is None else seed
         layout = rank_major_layout(mini_batches(samples, c.mini_batch, seed), c.dp)
         data, padded = self._tensordict(layout)
+        mismatch: dict[str, float] = {}
         if not sft:
             if c.loss_settings().recompute_old_log_probs:
-                data["old_log_probs"] = self._log_probs(self._actor, layout)
+                recomputed = self._log_probs(self._actor, layout)
+                mismatch = self._inference_mismatch(padded, recomputed)
+                data["old_log_probs"] = recomputed
             if self._reference is not None:
                 data["ref_log_prob"] = self._log_probs(self._reference, layout)
         # veRL's loss adds the entropy bonus only when the forward computed the entropy.
@@ -352,11 +355,26 @@ class Learner:
                              epochs=c.epochs, seed=seed, temperature=1.0,
                              calculate_entropy=not sft and c.entropy_coeff != 0)
         output = self._actor.train_mini_batch(data).get()
-        metrics = _flatten_metrics(tu.get(output, "metrics"))
+        # With recomputed old log-probs the loss's ratio starts at 1: the train/inference mismatch is
+        # the rollout's log-probs against the recomputed ones, measured before the update.
+        metrics = {**_flatten_metrics(tu.get(output, "metrics")), **mismatch}
         self.step += 1
         return StepReport(trained=True, samples=len(layout),
                           tokens=int(padded.tensors["attention_mask"].sum()),
                           truncated_tokens=padded.truncated_tokens, metrics=metrics)
+
+    def _inference_mismatch(self, padded: Any, recomputed: torch.Tensor) -> dict[str, float]:  # noqa: ANN401
+        """``mismatch/*`` of the rollout's log-probs against the learner's on the same weights."""
+        settings = self.config.loss_settings()
+        old, mask = padded.tensors["old_log_probs"], padded.tensors["response_mask"]
+        width = min(old.shape[1], recomputed.shape[1])
+        ratio = importance_ratios(recomputed[:, :width], old[:, :width], mask[:, :width],
+                                  per_sequence=self.config.loss == "gspo")
+        if not ratio.numel():
+            return {}
+        outside = (ratio < 1 - settings.clip_ratio_low) | (ratio > 1 + settings.clip_ratio_high)
+        return {"mismatch/ratio_mean": ratio.mean().item(), "mismatch/ratio_max": ratio.max().item(),
+                "mismatch/clipped": outside.float().mean().item()}
 
     def log_probs(self, samples: Sequence[Sample]) -> torch.Tensor:
         """Current-policy log-probs of each sample's response tokens (padded, 0 past the end)."""

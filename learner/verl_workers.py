@@ -20,6 +20,8 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import no_padding_2_padding
 
+from learner.batch import importance_ratios
+
 
 class PolicyWorker(TrainingWorker):
     """veRL's training worker with a full-weights export for publishing to the rollout engines."""
@@ -67,21 +69,18 @@ def ppo_loss_with_mismatch(config: Any, model_output: TensorDict, data: TensorDi
     With the rollout's own log-probs as the old policy (``recompute_old_log_probs=false``, the
     vanilla loss's default), the ratio of a step's first mini-batch is the train/inference mismatch
     the seeds' systems watch: the same weights, two implementations. Later mini-batches add the
-    step's own updates.
+    step's own updates. With recomputed old log-probs (GSPO's default) the learner overwrites these
+    three with the rollout's log-probs against the recomputed ones, the same mismatch
+    (:meth:`learner.trainer.Learner._train`).
     """
     from verl.workers.utils.losses import ppo_loss
 
     loss, metrics = ppo_loss(config, model_output, data, dp_group)
     log_prob = no_padding_2_padding(model_output["log_probs"], data).detach()
     fields = data.select("response_mask", "old_log_probs").to_padded_tensor()
-    mask = fields["response_mask"].to(torch.bool)
-    if mask.any():
-        log_ratio = (log_prob - fields["old_log_probs"].to(log_prob.dtype)).masked_fill(~mask, 0.0)
-        if config.policy_loss.get("loss_mode") == "gspo":
-            rows = mask.any(dim=1)
-            ratio = torch.exp(log_ratio.sum(dim=1)[rows] / mask.sum(dim=1)[rows])
-        else:
-            ratio = torch.exp(log_ratio)[mask]
+    ratio = importance_ratios(log_prob, fields["old_log_probs"], fields["response_mask"],
+                              per_sequence=config.policy_loss.get("loss_mode") == "gspo")
+    if ratio.numel():
         outside = (ratio < 1 - config.clip_ratio_low) | (ratio > 1 + config.clip_ratio_high)
         metrics["mismatch/ratio_mean"] = Metric(value=ratio.mean().item(), aggregation=AggregationType.MEAN)
         metrics["mismatch/ratio_max"] = Metric(value=ratio.max().item(), aggregation=AggregationType.MAX)

@@ -6,7 +6,9 @@ the module; the DP=2 and resume tests start their own.
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import replace
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -214,15 +216,23 @@ def test_gspo_loss_with_kl_to_the_reference(ray_local: None) -> None:  # noqa: A
                                  entropy_coeff=1e-3)).start()
     try:
         samples = random_samples(4, seed=21)
+        learner_own = gspo.log_probs(samples)
+        # As a rollout engine would write them: the learner's log-probs, 0.01 nats lower a token.
+        samples = [replace(s, old_log_probs=[float(learner_own[i, j]) - 0.01 if m else 0.0
+                                             for j, m in enumerate(s.response_mask)])
+                   for i, s in enumerate(samples)]
         first = gspo.train_rl(samples).metrics
         second = gspo.train_rl(samples).metrics
     finally:
         gspo.close()
-    # On-policy first step: the policy is the reference (KL 0) and the ratio is 1 (nothing clipped).
+    # On-policy first step: the policy is the reference (KL 0) and the loss's ratio is 1 (the old
+    # log-probs are recomputed: nothing clipped).
     assert first["kl_loss"] == pytest.approx(0.0, abs=1e-6)
     assert first["actor/pg_clipfrac"] == 0.0
-    # The old log-probs are the learner's own: every sequence's ratio within GSPO's 3e-4 / 4e-4.
-    assert first["mismatch/clipped"] == 0.0 and first["mismatch/ratio_max"] == pytest.approx(1.0, abs=3e-4)
+    # The train/inference mismatch is the rollout's log-probs against the recomputed ones: every
+    # sequence's ratio exp(0.01), outside GSPO's 3e-4 / 4e-4.
+    assert first["mismatch/ratio_mean"] == pytest.approx(math.exp(0.01), abs=1e-5)
+    assert first["mismatch/clipped"] == 1.0
     # After an update the policy has moved away from the reference.
     assert second["kl_loss"] > 1e-6
     # entropy_coeff > 0 reaches the loss (veRL adds it only when the forward computed the entropy).
