@@ -117,8 +117,10 @@ def test_a_run_where_every_episode_fails_exits_nonzero(ray_local: None, tmp_path
 
     from cluster.commands import rollout as command
 
-    args = argparse.Namespace(config=str(EXAMPLES / "rollout_scripted.yaml"), out=str(tmp_path / "f.jsonl"),
-                              no_progress=True, overrides=["data.limit=2", "engine.kind=tests.hostile:FailingEngine"])
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)  # the command's own arguments, as the CLI parses them
+    args = parser.parse_args(["--config", str(EXAMPLES / "rollout_scripted.yaml"), "--out", str(tmp_path / "f.jsonl"),
+                              "--no-progress", "data.limit=2", "engine.kind=tests.hostile:FailingEngine"])
     assert command.run(args) == 1
     printed = capsys.readouterr().out
     assert "every episode failed; the first said: the engine failed on turn 0: RuntimeError: this engine " \
