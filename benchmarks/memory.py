@@ -91,6 +91,7 @@ from rollout.trajectory import Trajectory
 
 # A script's own folder is first on sys.path: the benchmark beside this one.
 from ig_scoring import BASE, PageVisit, make_trajectories, warm_up  # noqa: I001
+from turn_cost import InstantEngine
 
 MB = 1 << 20
 
@@ -176,11 +177,13 @@ class WorldPages:
         return None
 
 
-class HoldingEngine:
+class HoldingEngine(InstantEngine):
     """Writes a search call every turn, instantly (tokenised afresh, as a real engine's ids are new
-    objects), and holds each episode at its ``hold_at``-th request until ``episodes`` are held."""
+    objects), and holds each episode at its ``hold_at``-th request until ``episodes`` are held;
+    scoring, weights and closing as the instant engine of ``turn_cost``."""
 
     def __init__(self, chat: ChatFormat, hold_at: int, episodes: int) -> None:
+        super().__init__(chat)
         self.chat = chat
         self.hold_at = hold_at
         self.episodes = episodes
@@ -202,19 +205,6 @@ class HoldingEngine:
         text = render_tool_call("search", {"query": [f"Varny Bridge engineer {turn}"]}, "Keep searching.")
         ids = (*self.chat.encode(text), self.chat.turn_end_id)
         return Generation(ids, (0.0,) * len(ids), FINISH_STOP, 0)
-
-    async def score(self, sequences: Sequence[Sequence[int]],
-                    spans: Sequence[tuple[int, int]]) -> list[list[float]]:
-        return [[0.0] * (end - start) for start, end in spans]
-
-    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
-        return None
-
-    async def weights_version(self) -> int:
-        return 0
-
-    async def aclose(self) -> None:
-        return None
 
 
 async def held_episodes(chat: ChatFormat, documents: Sequence[Document], episodes: int, turns: int,
