@@ -19,6 +19,7 @@ start-up notices of the libraries it imports, unless verbose.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -81,7 +82,7 @@ def console_logging(verbose: bool) -> None:
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def add_verbose_argument(parser: object) -> None:
+def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
     """``-v/--verbose`` on a command that starts workers."""
-    parser.add_argument("-v", "--verbose", action="store_true",  # type: ignore[attr-defined]
+    parser.add_argument("-v", "--verbose", action="store_true",
                         help="workers' output and library notices on the console (default: in OUT/logs/)")
