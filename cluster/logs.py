@@ -29,6 +29,10 @@ LOG_DIR_ENV = "TURNSTILE_LOG_DIR"
 LOGS = "logs"  # OUT/logs
 # Driver-side notices that say nothing to a user of turnstile (each seen on every run).
 QUIET_LOGGERS = ("torch.fx._symbolic_trace",)
+# Ray's notice that the local cluster it starts uses token authentication (the safe default, said on
+# every start); its warning that authentication is *off* still shows.
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+RAY_AUTH_ON = "Token authentication is enabled for this Ray cluster"
 
 
 def worker_runtime_env(logs: Path) -> dict[str, object]:
@@ -80,6 +84,11 @@ def console_logging(verbose: bool) -> None:
             handler.setLevel(logging.WARNING)
         for name in QUIET_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
+        logging.getLogger(RAY_AUTH_LOGGER).addFilter(_not_the_auth_notice)
+
+
+def _not_the_auth_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(RAY_AUTH_ON)
 
 
 def add_verbose_argument(parser: argparse.ArgumentParser) -> None:

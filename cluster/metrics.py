@@ -17,7 +17,7 @@ import importlib
 import logging
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, Self
 
@@ -189,8 +189,10 @@ class MetricsSink:
     """
 
     def __init__(self, config: MetricsConfig, *, run_name: str = "",
-                 run_config: Mapping[str, object] | None = None) -> None:
+                 run_config: Mapping[str, object] | None = None,
+                 show: Callable[[Mapping[str, float], int], None] | None = None) -> None:
         self.config = config
+        self.show = show or _print_step  # where the console summary goes (a live view: cluster.console)
         self.skipped = 0
         self._warned: set[str] = set()
         self._queue_depths: dict[str, float] = {}
@@ -209,7 +211,7 @@ class MetricsSink:
             raise MetricsError("this MetricsSink is closed: log before calling close()")
         values = self._finite({**{f"queue/{s}": d for s, d in self._queue_depths.items()}, **metrics})
         if self.config.console and "reward/mean" in values:  # an evaluation alone prints its own line
-            print(render(values, step), flush=True)
+            self.show(values, step)
         if self._writer is not None:
             for key, value in values.items():
                 self._writer.add_scalar(key, value, global_step=step)
@@ -339,6 +341,10 @@ class _RayMetrics:
 
 
 # ---- the console line ---------------------------------------------------------------------------
+
+def _print_step(metrics: Mapping[str, float], step: int) -> None:
+    print(render(metrics, step), flush=True)
+
 
 def render(metrics: Mapping[str, float], step: int) -> str:
     """Two lines: what the policy did this step, then where the time went and what the learner saw."""

@@ -23,6 +23,7 @@ import ray
 from tqdm import tqdm
 
 from cluster.autoscale import AutoscaleConfig
+from cluster.console import Tally
 from cluster.dispatch import Dispatcher, Episode, WorkerPool
 from cluster.elastic import ElasticFleet, elastic_fleet
 from cluster.logs import worker_runtime_env
@@ -103,7 +104,8 @@ def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> Rollout
                                                      corpus=corpus, model=model),
                    name=f"turnstile-{uuid.uuid4().hex[:8]}", events=fleet_events(out)) as rollout_fleet:
             episodes = [(task, f"{task.id}", sample) for task in tasks for sample in range(cfg.group_size)]
-            trajectories, failed, rerun = collect(rollout_fleet.pool, episodes, cfg.fleet, out, progress)
+            with tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress) as bar:
+                trajectories, failed, rerun = collect(rollout_fleet.pool, episodes, cfg.fleet, out, bar)
     return summarize(trajectories, time.monotonic() - started, failed, rerun)
 
 
@@ -198,23 +200,21 @@ def serve_corpus(corpus: CorpusConfig) -> Iterator[CorpusConfig]:
 
 
 def collect(pool: WorkerPool, episodes: list[Episode], fleet: FleetConfig, out: Path,
-            progress: bool) -> tuple[list[Trajectory], int, int]:
+            tally: Tally) -> tuple[list[Trajectory], int, int]:
     """Run ``episodes`` on the pool (:class:`~cluster.dispatch.Dispatcher`: least loaded worker,
-    a dead worker's episodes rerun elsewhere), writing each trajectory to ``out`` as it finishes.
-    Returns the trajectories (failed ones as their records), how many failed and how many were rerun."""
+    a dead worker's episodes rerun elsewhere), writing each trajectory to ``out`` as it finishes and
+    counting it on ``tally`` (a progress bar, or the console's stage). Returns the trajectories
+    (failed ones as their records), how many failed and how many were rerun."""
     dispatcher = Dispatcher(pool, fleet.max_episode_attempts)
     dispatcher.submit(episodes)
     done: list[Trajectory] = []
     out.parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress)
     with out.open("w", encoding="utf-8") as sink:
         while dispatcher.busy:
             # At least once a second, so workers that join the fleet meanwhile get waiting episodes.
             for trajectory in dispatcher.wait(timeout=1.0):
                 write_trajectory(trajectory, sink)
                 done.append(trajectory)
-                bar.update(1)
-                bar.set_postfix(turns=len(trajectory.turns), refresh=False)
+                tally.update(1)
             sink.flush()
-    bar.close()
     return done, dispatcher.failed, dispatcher.rerun

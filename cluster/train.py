@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 
+from cluster.console import Tally, TrainConsole
 from cluster.dispatch import WorkerPool
 from cluster.elastic import ElasticFleet
 from cluster.logs import LOGS
@@ -206,6 +207,11 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     init_ray(job.rollout.ray)
+    with TrainConsole.for_this_terminal(job.steps, progress=progress) as console:
+        return _train(job, out, console)
+
+
+def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
     model = resolve_model(job.rollout.engine.model or job.learner.model)
     job = replace(job, rollout=replace(job.rollout, engine=expert_engine(job.rollout.engine, job.rollout.data)))
     estimator = estimator_from_options(job.estimator.name, job.estimator.options)
@@ -220,10 +226,11 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
                           corpus=corpus, model=model, store=build_store(store_config),
                           checkpoint_every=job.rollout.fleet.checkpoint_every)
         with fleet(job.rollout.engine, job.rollout.fleet, spec, name, events=out / "fleet.jsonl") as rollout_fleet:
+            console.fleet = rollout_fleet.view
             sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
-                                       or str(out / "tensorboard")), run_name=out.name)
+                                       or str(out / "tensorboard")), run_name=out.name, show=console.step)
             run = Run(job, out, Learner(replace(job.learner, model=model)), rollout_fleet, tasks, eval_tasks,
-                      estimator, sink, progress, name=name, store_config=store_config)
+                      estimator, sink, console, name=name, store_config=store_config)
             if any(resolve_reward(entry.kind).scores_with_policy for entry in job.rewards):
                 run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
             try:
@@ -235,6 +242,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
                 else:
                     asyncio.run(async_loop(run))
             finally:
+                console.fleet = None  # the view outlives the fleet
                 sink.close()
                 run.learner.close()
     return run.state
@@ -245,11 +253,11 @@ class Run:
 
     def __init__(self, job: TrainJob, out: Path, learner: Learner, fleet: ElasticFleet,
                  tasks: list[Task], eval_tasks: list[Task],
-                 estimator: Estimator, sink: MetricsSink, progress: bool, name: str = "turnstile",
+                 estimator: Estimator, sink: MetricsSink, console: TrainConsole, name: str = "turnstile",
                  store_config: StoreConfig | None = None) -> None:
         self.job, self.out, self.learner, self.fleet = job, out, learner, fleet
         self.pool, self.tasks, self.eval_tasks = fleet.pool, tasks, eval_tasks  # the rollout workers: cluster.dispatch
-        self.estimator, self.sink, self.progress = estimator, sink, progress
+        self.estimator, self.sink, self.console = estimator, sink, console
         self.state = RunState()
         self.rerun = 0
         self.failed = 0  # episodes recorded as failed by the driver (worker gone too often, or it raised)
@@ -262,6 +270,7 @@ class Run:
             return
         self.learner.load(self.out / "checkpoint")
         self.state = _load_state(self.out)
+        self.console.done = self.console.first_step = self.state.step
         asyncio.run(self.publish(self.state.weights_version))
         print(f"resumed at step {self.state.step} (weights version {self.state.weights_version})")
 
@@ -279,10 +288,11 @@ class Run:
                         for task in batch for sample in range(job.rollout.group_size)]
             trajectories, failed, rerun = collect(self.pool, episodes, job.rollout.fleet,
                                                   self.out / "rollouts" / f"step{state.step}.jsonl",
-                                                  self.progress)
+                                                  self.console.stage("rollout", total=len(episodes)))
             self.rerun += rerun
             self.failed += failed
             rolled = time.monotonic()
+            self.console.stage("rewards")
             asyncio.run(_score(job, self.reward_specs(), trajectories))
             self.learn(trajectories, rolled - started, extra={"time/rollout_s": rolled - started,
                                                               "time/rewards_s": time.monotonic() - rolled})
@@ -297,6 +307,7 @@ class Run:
         """
         job, state = self.job, self.state
         started = time.monotonic()
+        self.console.stage("credit")
         failed = [t for t in trajectories if t.stop_reason in (StopReason.ENGINE_ERROR, StopReason.ERROR)]
         if failed and len(failed) == len(trajectories):  # nothing ran: stop instead of "training" on it
             raise TrainError(f"every episode of step {state.step + 1} failed; the first said: "
@@ -307,11 +318,13 @@ class Run:
             assign_credit(fresh, self.estimator)
         save_trajectories(trajectories, self.out / "scored" / f"step{state.step}.jsonl")
         scored = time.monotonic()
+        self.console.stage("learner")
         report = self.learner.rl_step(fresh, self.estimator, seed=job.learner.seed + state.step) if fresh \
             else None
         trained = time.monotonic()
         if report is not None and report.trained:
             version = state.weights_version + 1
+            self.console.stage("publish")
             asyncio.run(self.publish(version))
             # Only now, with the engines serving it: admission (async) reads this version.
             state.weights_version = self.learner.weights_version = version
@@ -333,6 +346,7 @@ class Run:
             metrics.update(self.evaluate(state.step))
         state.history.append({"step": float(state.step), **self.sink.log(metrics, state.step)})
         if job.checkpoint_every and state.step % job.checkpoint_every == 0:
+            self.console.stage("checkpoint")
             self.learner.save(self.out / "checkpoint")
             self.save_model()
             _save_state(self.out, state)
@@ -361,7 +375,8 @@ class Run:
         if not self.eval_tasks:
             return {}
         started = time.monotonic()
-        metrics = _evaluate(self.job, self.pool, self.eval_tasks, step, self.out, self.progress)
+        tally = self.console.stage("eval", total=len(self.eval_tasks) * self.job.eval_samples)
+        metrics = _evaluate(self.job, self.pool, self.eval_tasks, step, self.out, tally)
         metrics["time/eval_s"] = time.monotonic() - started
         print(f"eval @ step {step}: accuracy {metrics['eval/accuracy']:.1%} (95% interval "
               f"{metrics['eval/accuracy_low']:.1%}-{metrics['eval/accuracy_high']:.1%}, "
@@ -397,13 +412,13 @@ class Run:
 
 
 def _evaluate(job: TrainJob, pool: WorkerPool, tasks: list[Task], step: int, out: Path,
-              progress: bool) -> dict[str, float]:
+              tally: Tally) -> dict[str, float]:
     """``eval_samples`` samples per held-out task on the current weights (the rollout's sampling
     settings): accuracy with its 95% Wilson interval (over episodes), format rate, turns and browse
     ratio; the trajectories go to ``out/eval/step<N>.jsonl``."""
     episodes = [(task, f"eval{step}-{task.id}", sample) for task in tasks for sample in range(job.eval_samples)]
     trajectories, _, _ = collect(pool, episodes, job.rollout.fleet, out / "eval" / f"step{step}.jsonl",
-                                 progress)
+                                 tally)
     correct = sum(is_correct(t) for t in trajectories)
     low, high = wilson_interval(correct, len(trajectories))
     share, _ = well_formed_share(trajectories)

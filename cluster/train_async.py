@@ -56,6 +56,7 @@ async def async_loop(run: Run) -> None:
     store = build_store(run.store_config)
     service = replace(job.reward_service, name_prefix=job.reward_service.name_prefix or f"{run.name}-reward")
     async with RewardService(run.store_config, specs, service, tasks={task.id: task for task in run.tasks}) as rewards:
+        run.console.stage("rollout")  # the whole time; an update's stages show while it runs
         while state.step < job.steps:
             # Admission waits on the bound only: groups beyond the workers' room wait in the
             # dispatcher, where the fleet sees them as demand (and grows, when it autoscales).
@@ -81,6 +82,7 @@ async def async_loop(run: Run) -> None:
             if learning is not None and learning.done():
                 learning.result()
                 learning = None
+                run.console.stage("rollout")
                 last_step_at = time.monotonic()
                 run.set_queue_depths({"running": len(episodes.running), "ready_groups": len(ready),
                                       "buffered": rewards.collector.buffered})

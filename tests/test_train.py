@@ -240,6 +240,7 @@ def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Pa
     # The driver asks the plugin (scores_with_policy), it does not know information_gain by name.
     from types import SimpleNamespace
 
+    from cluster.console import TrainConsole
     from cluster.train import Run
     from rewards.base import RewardSpec
 
@@ -247,7 +248,7 @@ def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Pa
     job.rewards = [RewardSpec("tests.user_plugins:PolicyScore"), RewardSpec("exact_match"),
                    RewardSpec("information_gain", {"model": "own"})]
     fleet = SimpleNamespace(pool=None)
-    run = Run(job, tmp_path, None, fleet, [], [], None, None, False)  # type: ignore[arg-type]
+    run = Run(job, tmp_path, None, fleet, [], [], None, None, TrainConsole(1, live=False))  # type: ignore[arg-type]
     assert [spec.options for spec in run.reward_specs()] == [{}, {}, {"model": "own"}]  # no archive yet
     run.archive = SimpleNamespace(root=tmp_path / "weights")  # type: ignore[assignment]
     assert [spec.options for spec in run.reward_specs()] == [
@@ -258,13 +259,15 @@ def test_each_checkpoint_saves_the_learners_policy_whole_as_a_model_eval_takes_b
         tmp_path: Path) -> None:
     from types import SimpleNamespace
 
+    from cluster.console import TrainConsole
     from cluster.train import Run
 
     base = ensure_default_model()
     weights = {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(base).named_parameters()}
     learner = SimpleNamespace(config=SimpleNamespace(model=str(base)), full_weights=lambda: trained)
     job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
-    run = Run(job, tmp_path, learner, SimpleNamespace(pool=None), [], [], None, None, False)  # type: ignore[arg-type]
+    run = Run(job, tmp_path, learner, SimpleNamespace(pool=None), [], [], None, None,  # type: ignore[arg-type]
+              TrainConsole(1, live=False))
     for step in (1, 2):
         trained = {name: w + step for name, w in weights.items()}
         run.state.step = run.state.weights_version = step
