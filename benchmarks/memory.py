@@ -335,11 +335,19 @@ async def stored_bytes(url: str, trajectories: Sequence[Trajectory], count: int)
         await asyncio.sleep(0.5)
         after = await data_memory(client)
         stream = await client.memory_usage(f"{namespace}:stream:{{{FINISHED}}}", samples=0)
+        # Then as the reward workers do: claim each, and ack it with release once scored.
+        while claimed := await store.claim(FINISHED, "reward", "bench", count=count):
+            await store.ack(FINISHED, "reward", [item.id for item in claimed], release=True)
+        await store.close()
+        await asyncio.sleep(0.5)
+        released = await data_memory(client)
+        held = await store.held(FINISHED)
     finally:
         await client.aclose()
         await store.close()
     return {"count": count, "per_trajectory": (after - before) / count, "stream": (stream or 0) / count,
-            "json": payload_bytes / count, "tokens": tokens / count}
+            "json": payload_bytes / count, "tokens": tokens / count,
+            "released": (released - before) / count, "held": held}
 
 
 # ---- 4. a long run ----------------------------------------------------------------------------------
@@ -475,7 +483,9 @@ def main() -> None:
     del finished
     print(f"3. Redis, {stored['count']:.0f} trajectories of {stored['tokens']:,.0f} tokens on the finished "
           f"stream: used_memory +{stored['per_trajectory'] / MB:.2f} MB each (stream MEMORY USAGE "
-          f"{stored['stream'] / MB:.2f} MB), JSON {stored['json'] / MB:.2f} MB each", flush=True)
+          f"{stored['stream'] / MB:.2f} MB), JSON {stored['json'] / MB:.2f} MB each; after the reward "
+          f"group acked them with release: {stored['released']:+,.0f} B each, {stored['held']:.0f} held",
+          flush=True)
 
     samples: list[list[int]] = in_fresh_process("long")  # type: ignore[assignment]
     growths = report_long_run(samples)
@@ -489,6 +499,8 @@ def main() -> None:
              f"KV cache {scored['kv'] / MB:.0f} MB: {scored['increase'] / scored['kv']:.1f}x"),
             ("one trajectory on the Redis stream", f"{stored['per_trajectory'] / MB:.2f} MB",
              f"JSON {stored['json'] / MB:.2f} MB: {stored['per_trajectory'] / stored['json']:.2f}x"),
+            ("... once released by its last reader", f"{stored['released']:+,.0f} B",
+             f"{stored['released'] / stored['per_trajectory']:.1e} of the stored figure"),
             *growths]
     widths = [max(len(row[column]) for row in rows) for column in range(2)]
     print()

@@ -274,7 +274,7 @@ class RewardWorker:
         failure = await self._score(trajectory)
         if failure is None:
             await self._store.put(SCORED, item.id, trajectory.to_json())
-            await self._store.ack(FINISHED, REWARD_GROUP, [item.id])
+            await self._store.ack(FINISHED, REWARD_GROUP, [item.id], release=True)  # the scored copy goes on
             self._counts.scored += 1
             self._counts.rescored += int(item.deliveries > 1)
             return
@@ -290,7 +290,7 @@ class RewardWorker:
                   item.deliveries, error, SCORED)
         mark_unscored(trajectory, Trajectory.from_json(item.payload), failure, item.deliveries)
         await self._store.put(SCORED, item.id, trajectory.to_json())
-        await self._store.ack(FINISHED, REWARD_GROUP, [item.id])
+        await self._store.ack(FINISHED, REWARD_GROUP, [item.id], release=True)
         self._counts.failed += 1
 
     async def _score(self, trajectory: Trajectory) -> tuple[str, str] | None:
@@ -364,7 +364,8 @@ class GroupCollector:
         groups: list[list[Trajectory]] = []
         for uid in released:
             members = self._groups[uid]
-            await self.store.ack(SCORED, LEARNER_GROUP, [item_id for item_id, _ in members.values()])
+            # Released: the learner has them now (and OUT/scored/ once it trains on them).
+            await self.store.ack(SCORED, LEARNER_GROUP, [item_id for item_id, _ in members.values()], release=True)
             del self._groups[uid]
             groups.append([members[sample][1] for sample in sorted(members)])
         self.released_groups += len(groups)

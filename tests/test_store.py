@@ -91,6 +91,41 @@ async def test_put_claim_ack_round_trip(store: TrajectoryStore) -> None:
     assert await store.length(SCORED) == 0
 
 
+async def test_an_ack_that_releases_drops_the_payloads_for_good_and_keeps_the_counts(
+        store: TrajectoryStore) -> None:
+    names = await fill(store, FINISHED, 4)
+    claimed = await store.claim(FINISHED, "rewards", "w0", count=3)
+    assert await store.ack(FINISHED, "rewards", names[:2], release=True) == 2
+    assert await store.pending(FINISHED, "rewards") == 1
+    assert (await store.length(FINISHED), await store.held(FINISHED)) == (4, 2)
+    # Released twice, or acked again: nothing more happens.
+    assert await store.ack(FINISHED, "rewards", names[:2], release=True) == 0
+    assert await store.held(FINISHED) == 2
+    # Its id is still known: a producer's retry is a duplicate, not a new item.
+    await store.put(FINISHED, names[0], {"n": 0, "name": names[0]})
+    assert await store.duplicates(FINISHED) == 1 and await store.held(FINISHED) == 2
+    # A group that had not read them skips them; the group's own unread item still comes.
+    assert ids(await store.claim(FINISHED, "audit", "a0", count=10)) == names[2:]
+    assert ids(await store.claim(FINISHED, "rewards", "w0", count=10)) == names[3:]
+    # What is left pending is still reclaimed, with its payload.
+    await asyncio.sleep(0.3)
+    taken = await store.reclaim(FINISHED, "rewards", "rescuer", min_idle_ms=200, count=10)
+    assert ids(taken) == names[2:] and taken[0].payload == claimed[2].payload
+    assert await store.ack(FINISHED, "rewards", names[2:], release=True) == 2
+    assert await store.held(FINISHED) == 0 and await store.length(FINISHED) == 4
+
+
+async def test_a_blocking_claim_waits_past_released_items_for_a_new_one(store: TrajectoryStore) -> None:
+    names = await fill(store, FINISHED, 2)
+    await store.claim(FINISHED, "rewards", "w0", count=2)
+    await store.ack(FINISHED, "rewards", names, release=True)
+    waiting = asyncio.create_task(store.claim(FINISHED, "audit", "a0", count=5, block_ms=60_000))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await store.put(FINISHED, "late", {"n": 9})
+    assert ids(await asyncio.wait_for(waiting, 10)) == ["late"]
+
+
 async def test_put_is_idempotent_per_item_id(store: TrajectoryStore) -> None:
     await store.put(FINISHED, "traj-1", {"attempt": 1})
     await store.put(FINISHED, "traj-1", {"attempt": 2})  # a producer retrying after an error

@@ -109,7 +109,12 @@ class TrajectoryStore(ABC):
     - ``ack`` ends an item's life in the group (it leaves the pending list). An item claimed and
       never acked stays pending until ``reclaim`` moves it to another consumer: items idle (not
       delivered) for at least ``min_idle_ms`` change owner, oldest first, and their delivery count
-      rises (Redis XAUTOCLAIM). Items are never deleted from a stream by acking.
+      rises (Redis XAUTOCLAIM). A plain ack deletes nothing from the stream.
+    - ``ack(..., release=True)`` also drops the items' payloads for good: the caller is the
+      stream's last reader (a run's reward workers on ``finished``, its collector on ``scored``),
+      so a long run holds only what is still in flight, not every trajectory it ever made. A
+      released item is skipped by every group that has not read it, its id stays known (a second
+      put is still a duplicate) and ``length`` still counts it; ``held`` counts what is still held.
     - ``claim`` with ``block_ms > 0`` waits up to that long for new items; ``0`` returns at once.
     - Checkpoints are single JSON objects by key, overwritten by each ``checkpoint``; a missing
       key loads as ``None``; dropping a missing key is not an error; ``checkpoint_keys`` lists the
@@ -141,8 +146,9 @@ class TrajectoryStore(ABC):
                     block_ms: int = 0) -> list[Claimed]: ...
 
     @abstractmethod
-    async def ack(self, stream: str, group: str, ids: list[str]) -> int:
-        """Acknowledge items by id; returns how many were pending (unknown or acked ids count 0)."""
+    async def ack(self, stream: str, group: str, ids: list[str], *, release: bool = False) -> int:
+        """Acknowledge items by id; returns how many were pending (unknown or acked ids count 0).
+        With ``release``, the items' payloads are dropped too (see the contract)."""
 
     @abstractmethod
     async def reclaim(self, stream: str, group: str, consumer: str, min_idle_ms: int,
@@ -154,7 +160,11 @@ class TrajectoryStore(ABC):
 
     @abstractmethod
     async def length(self, stream: str) -> int:
-        """Items ever put on the stream (acks do not remove them)."""
+        """Items ever put on the stream (acks do not remove them, nor do releases)."""
+
+    @abstractmethod
+    async def held(self, stream: str) -> int:
+        """Items whose payload the stream still holds: ``length`` less the released ones."""
 
     @abstractmethod
     async def duplicates(self, stream: str) -> int:

@@ -61,7 +61,8 @@ class _Group:
 
 @dataclass
 class _Stream:
-    entries: list[tuple[str, str]] = field(default_factory=list)  # (item id, payload JSON)
+    entries: list[tuple[str, str | None]] = field(default_factory=list)  # (item id, payload JSON; None: released)
+    released: int = 0
     index: dict[str, int] = field(default_factory=dict)  # item id -> position in entries
     groups: dict[str, _Group] = field(default_factory=dict)
     duplicates: int = 0
@@ -99,24 +100,24 @@ class MemoryStoreActor:
         state = self._stream(stream)
         members = state.groups.setdefault(group, _Group())
         deadline = time.monotonic() + block_ms / 1000
-        while members.delivered >= len(state.entries):
+        claimed: list[_Delivery] = []
+        while True:
+            while members.delivered < len(state.entries) and len(claimed) < count:
+                position = members.delivered
+                members.delivered += 1
+                item_id, payload = state.entries[position]
+                if payload is not None:  # a released item is skipped
+                    members.pending[position] = _Pending(consumer, time.monotonic(), 1)
+                    claimed.append((item_id, payload, 1))
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
+            if claimed or remaining <= 0:
+                return claimed
             try:
                 await asyncio.wait_for(state.arrived.wait(), remaining)
             except TimeoutError:
                 return []
-        start, members.delivered = members.delivered, min(len(state.entries), members.delivered + count)
-        now = time.monotonic()
-        claimed = []
-        for position in range(start, members.delivered):
-            members.pending[position] = _Pending(consumer, now, 1)
-            item_id, payload = state.entries[position]
-            claimed.append((item_id, payload, 1))
-        return claimed
 
-    async def ack(self, stream: str, group: str, ids: list[str]) -> int:
+    async def ack(self, stream: str, group: str, ids: list[str], release: bool) -> int:
         state = self._streams.get(stream)
         members = state.groups.get(group) if state else None
         if state is None or members is None:
@@ -126,6 +127,11 @@ class MemoryStoreActor:
             position = state.index.get(item_id)
             if position is not None and members.pending.pop(position, None) is not None:
                 acked += 1
+            if release and position is not None and state.entries[position][1] is not None:
+                state.entries[position] = (item_id, None)
+                state.released += 1
+                for other in state.groups.values():  # as Redis' XDEL: nobody can reclaim it now
+                    other.pending.pop(position, None)
         return acked
 
     async def reclaim(self, stream: str, group: str, consumer: str, min_idle_ms: int,
@@ -141,6 +147,7 @@ class MemoryStoreActor:
                 continue
             entry.consumer, entry.delivered_at, entry.deliveries = consumer, now, entry.deliveries + 1
             item_id, payload = state.entries[position]
+            assert payload is not None  # releasing an item takes it off every pending list
             claimed.append((item_id, payload, entry.deliveries))
         return claimed
 
@@ -152,6 +159,10 @@ class MemoryStoreActor:
     async def length(self, stream: str) -> int:
         state = self._streams.get(stream)
         return len(state.entries) if state else 0
+
+    async def held(self, stream: str) -> int:
+        state = self._streams.get(stream)
+        return len(state.entries) - state.released if state else 0
 
     async def duplicates(self, stream: str) -> int:
         state = self._streams.get(stream)
@@ -221,9 +232,9 @@ class MemoryTrajectoryStore(TrajectoryStore):
             self._key("stream", stream), group, consumer, count, block_ms))
         return [Claimed(item_id, decode_payload(text), n) for item_id, text, n in delivered]
 
-    async def ack(self, stream: str, group: str, ids: list[str]) -> int:
+    async def ack(self, stream: str, group: str, ids: list[str], *, release: bool = False) -> int:
         check_name("group", group)
-        return await self._call(self._actor.ack.remote(self._key("stream", stream), group, list(ids)))
+        return await self._call(self._actor.ack.remote(self._key("stream", stream), group, list(ids), release))
 
     async def reclaim(self, stream: str, group: str, consumer: str, min_idle_ms: int,
                       count: int = 100) -> list[Claimed]:
@@ -241,6 +252,9 @@ class MemoryTrajectoryStore(TrajectoryStore):
 
     async def length(self, stream: str) -> int:
         return await self._call(self._actor.length.remote(self._key("stream", stream)))
+
+    async def held(self, stream: str) -> int:
+        return await self._call(self._actor.held.remote(self._key("stream", stream)))
 
     async def duplicates(self, stream: str) -> int:
         return await self._call(self._actor.duplicates.remote(self._key("stream", stream)))

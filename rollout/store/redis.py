@@ -12,6 +12,8 @@ the marker, which ``put`` and ``ack`` also read: this client talks to one server
 - ``ns:stream:{s}:item:<id>`` — the entry id of item ``<id>``: what makes ``put`` idempotent, and
   what ``ack`` maps item ids to entry ids with.
 - ``ns:stream:{s}:duplicates`` — how many puts were ignored as duplicates.
+- ``ns:stream:{s}:added`` — how many items were ever put (``length``; released entries leave the
+  stream, their item keys stay).
 - ``ns:checkpoint:<key>`` — an episode checkpoint, as JSON.
 - ``ns:marker`` — a random token written by the namespace's first client (see "Lost data").
 
@@ -81,7 +83,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-# KEYS: stream, item key, duplicates counter, marker. ARGV: item id, payload, the marker this client
+# KEYS: stream, item key, duplicates counter, marker, added counter. ARGV: item id, payload, the marker this client
 # knows ("" before its first connection). Returns 1 if added, 0 if a duplicate, -1 if the marker is
 # not the one this client knows (the server lost the run's data: nothing is written).
 _PUT = """
@@ -94,6 +96,7 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 end
 local entry = redis.call('XADD', KEYS[1], '*', 'item', ARGV[1], 'payload', ARGV[2])
 redis.call('SET', KEYS[2], entry)
+redis.call('INCR', KEYS[5])
 return 1
 """
 
@@ -332,7 +335,8 @@ class RedisTrajectoryStore(TrajectoryStore):
         text = encode_payload(check_id("item id", item_id), payload)
         with self._reachable():
             added = await self._connect().put(
-                keys=[key, self._item_key(key, item_id), f"{key}:duplicates", self._marker_key()],
+                keys=[key, self._item_key(key, item_id), f"{key}:duplicates", self._marker_key(),
+                      f"{key}:added"],
                 args=[item_id, text, self._marker or ""])
         if added == -1:
             raise self._lost(None)
@@ -360,7 +364,7 @@ class RedisTrajectoryStore(TrajectoryStore):
                 if block is None or time.monotonic() >= deadline:
                     return []
 
-    async def ack(self, stream: str, group: str, ids: list[str]) -> int:
+    async def ack(self, stream: str, group: str, ids: list[str], *, release: bool = False) -> int:
         key = self._stream_key(stream)
         check_name("group", group)
         if not ids:
@@ -371,7 +375,13 @@ class RedisTrajectoryStore(TrajectoryStore):
                 [self._item_key(key, item_id) for item_id in ids] + [self._marker_key()])
             self._check_marker(marker)
             known = sorted({entry for entry in entry_ids if entry})
-            return int(await self._redis().xack(key, group, *known)) if known else 0
+            if not known:
+                return 0
+            if not release:
+                return int(await self._redis().xack(key, group, *known))
+            async with self._redis().pipeline(transaction=True) as both:  # MULTI: XACK, XDEL
+                acked, _ = await both.xack(key, group, *known).xdel(key, *known).execute()
+            return int(acked)
 
     async def reclaim(self, stream: str, group: str, consumer: str, min_idle_ms: int,
                       count: int = 100) -> list[Claimed]:
@@ -402,6 +412,11 @@ class RedisTrajectoryStore(TrajectoryStore):
         return int(summary["pending"])
 
     async def length(self, stream: str) -> int:
+        key = self._stream_key(stream)
+        with self._reachable():
+            return int(await self._redis().get(f"{key}:added") or 0)
+
+    async def held(self, stream: str) -> int:
         key = self._stream_key(stream)
         with self._reachable():
             return int(await self._redis().xlen(key))
