@@ -276,6 +276,8 @@ def test_estimator_fields_of_a_credited_file_reach_the_page(tmp_path: Path,
     credited, page = tmp_path / "credited.jsonl", tmp_path / "page.html"
     with pytest.raises(SystemExit):
         main(["credit", "--estimator", "abc_grpo", "--in", str(tmp_path / "scored.jsonl"), "--out", str(credited)])
+    # The command's last line says how to look at what it wrote.
+    assert capsys.readouterr().out.strip().splitlines()[-1].endswith(f"turnstile view {credited})")
     code, _ = run_view(capsys, str(credited), "--out", str(page))
     assert code == 0
     tag = re.search(r'<script type="application/json" id="turns-0">(.*?)</script>', page.read_text())

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     stats = "".join(f"  {key}={value:.6f}" for key, value in result.stats.items())
     print(f"credit: {args.estimator} on {len(groups)} group(s), {trajectories} trajectories, "
           f"{turns} turns{stats}")
-    print(f"written: {out}")
+    print(f"written: {out} (look at it: turnstile view {out})")
     return 0
 
 

@@ -46,5 +46,5 @@ def run(args: argparse.Namespace) -> int:
     if report.unscored:
         print(f"{report.unscored} trajectories are unscored (a reward plugin failed on their group; "
               "outcome null, the reason in metadata.reward_error) and got no credit")
-    print(f"mean outcome {report.mean_outcome:.3f}; written: {args.out}")
+    print(f"mean outcome {report.mean_outcome:.3f}; written: {args.out} (look at it: turnstile view {args.out})")
     return 0
