@@ -11,7 +11,11 @@ second):
   the step's time.
 
 What the run prints meanwhile (an evaluation's line, an error a worker reports) scrolls above the
-view; when the run ends the view stays on the screen as its last state. Anywhere else (a pipe, a
+view; when the run ends the view stays on the screen as its last state. Output written to the
+driver's file descriptor 2 by native code (Ray's C++ core worker) would land in the middle of the
+view, so while it is live, descriptor 2 points at ``OUT/logs/driver-stderr.log`` and a thread copies
+each new line from there to the console, above the view: the file keeps it even if the process
+dies before the line is shown. Anywhere else (a pipe, a
 log file, CI) and with ``--no-progress``, the same steps are plain lines (:func:`render`), one pair
 per step and nothing in between, so logs stay short and greppable.
 """
@@ -19,17 +23,21 @@ per step and nothing in between, so logs stay short and greppable.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from cluster.metrics import render
 
 if TYPE_CHECKING:
     from cluster.autoscale import FleetView
+
+NATIVE_LOG = "driver-stderr.log"  # in OUT/logs: what native code writes to the driver's stderr while live
 
 
 class Tally(Protocol):
@@ -49,8 +57,12 @@ class TrainConsole:
 
     ROWS = 8  # steps in the table
 
-    def __init__(self, steps: int, *, live: bool, first_step: int = 0) -> None:
+    def __init__(self, steps: int, *, live: bool, first_step: int = 0, native: Path | None = None) -> None:
         self.steps, self.live, self.first_step = steps, live, first_step
+        self.native = native  # where descriptor 2 goes while live (None: left alone)
+        self._native_fd: int | None = None
+        self._copying: threading.Thread | None = None
+        self._stop_copying = threading.Event()
         self.done = first_step
         self.rows: deque[tuple[int, Mapping[str, float]]] = deque(maxlen=self.ROWS)
         self.stage_name, self.stage_done, self.stage_total = "starting", 0, 0
@@ -61,9 +73,9 @@ class TrainConsole:
         self._streams: list[tuple[logging.StreamHandler, object]] = []
 
     @classmethod
-    def for_this_terminal(cls, steps: int, *, progress: bool, first_step: int = 0) -> TrainConsole:
-        """Live when asked for progress and stdout is a terminal."""
-        return cls(steps, live=progress and sys.stdout.isatty(), first_step=first_step)
+    def for_this_terminal(cls, steps: int, *, progress: bool, logs: Path) -> TrainConsole:
+        """Live when asked for progress and stdout is a terminal; native output to ``logs``."""
+        return cls(steps, live=progress and sys.stdout.isatty(), native=logs / NATIVE_LOG)
 
     def __enter__(self) -> TrainConsole:
         if self.live:
@@ -78,15 +90,58 @@ class TrainConsole:
                 if isinstance(handler, logging.StreamHandler) and handler.stream in (sys.__stderr__, sys.__stdout__):
                     self._streams.append((handler, handler.stream))
                     handler.setStream(sys.stderr)
+            if self.native is not None:
+                self._divert_native(self.native)
         return self
 
     def __exit__(self, error: type[BaseException] | None, *_: object) -> None:
         self.stage("done" if error is None else "stopped")
         if self._live is not None:
+            if self._native_fd is not None:
+                sys.__stderr__.flush()
+                os.dup2(self._native_fd, 2)
+                os.close(self._native_fd)
+                self._native_fd = None
+                self._stop_copying.set()
+                assert self._copying is not None
+                self._copying.join(timeout=5)
             for handler, stream in self._streams:
                 handler.setStream(stream)  # type: ignore[arg-type]
             self._live.stop()
             self._live = None
+
+    def _divert_native(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        start = os.lseek(target, 0, os.SEEK_END)
+        sys.__stderr__.flush()
+        self._native_fd = os.dup(2)
+        os.dup2(target, 2)
+        os.close(target)
+        self._copying = threading.Thread(target=self._copy_native, args=(path, start), daemon=True,
+                                         name="turnstile-native-output")
+        self._copying.start()
+
+    def _copy_native(self, path: Path, start: int) -> None:
+        """Each new line of ``path`` to the console, above the live view, until told to stop."""
+        assert self._live is not None
+        console = self._live.console
+        with path.open("rb") as lines:
+            lines.seek(start)
+            partial = b""
+            while True:
+                stopping = self._stop_copying.is_set()  # read once more after the last write
+                partial += lines.read()
+                *complete, partial = partial.split(b"\n")
+                for line in complete:
+                    console.print(line.decode(errors="replace"), markup=False, highlight=False,
+                                  soft_wrap=True, style="dim")
+                if stopping:
+                    if partial:
+                        console.print(partial.decode(errors="replace"), markup=False, highlight=False,
+                                      soft_wrap=True, style="dim")
+                    return
+                self._stop_copying.wait(0.2)
 
     def stage(self, name: str, total: int = 0) -> Tally:
         """The current step is now in stage ``name``; with ``total`` episodes to run, the returned

@@ -207,7 +207,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     init_ray(job.rollout.ray)
-    with TrainConsole.for_this_terminal(job.steps, progress=progress) as console:
+    with TrainConsole.for_this_terminal(job.steps, progress=progress, logs=out / LOGS) as console:
         return _train(job, out, console)
 
 

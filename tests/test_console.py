@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from cluster.autoscale import FleetView
-from cluster.console import TrainConsole
+from cluster.console import NATIVE_LOG, TrainConsole
 from cluster.metrics import render
 
 STEP = {"reward/mean": 0.25, "reward/accuracy": 0.375, "rollout/turns_mean": 6.5, "rollout/turns_max": 9.0,
@@ -90,3 +92,18 @@ def test_a_run_that_raises_leaves_the_view_saying_it_stopped() -> None:
         console.stage("learner")
         raise RuntimeError("boom")
     assert console.stage_name == "stopped"
+
+
+def test_while_live_native_output_goes_to_the_file_and_prints_above_the_view(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Ray's C++ core writes to descriptor 2; live, that lands in OUT/logs/ and is copied above the view."""
+    before = os.fstat(2).st_ino
+    native = tmp_path / "logs" / NATIVE_LOG
+    with TrainConsole(2, live=True, native=native) as console:
+        os.write(2, b"[E core_worker.cc:2465] a native warning\n")
+        os.write(2, b"a line without its end")
+        console.step(STEP, 1)
+    assert os.fstat(2).st_ino == before  # the descriptor is back
+    assert native.read_text() == "[E core_worker.cc:2465] a native warning\na line without its end"
+    shown_out = capfd.readouterr().out
+    assert "a native warning" in shown_out and "a line without its end" in shown_out
