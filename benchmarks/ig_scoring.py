@@ -23,7 +23,7 @@ most of the work (a forward of L tokens costs about 4× one of L/2), and the nai
 are on average half as long as the cached scorer's one context, so the FLOP ratio, about T/3, is the
 limit; the token ratio, about T/2, is not reachable by any exact method.
 
-    .venv/bin/python benchmarks/ig_scoring.py [--turns 50 100 200] [--naive-samples 12] [--vllm]
+    .venv/bin/python benchmarks/ig_scoring.py [--turns 50 100 200] [--naive-samples 12] [--vllm [--vllm-parts]]
 
 Targets: speed-up ≥ 0.8 of the FLOP limit, largest |difference| ≤ 1e-5.
 """
@@ -156,8 +156,8 @@ def cached_forwards(segment: SegmentBoundaries) -> list[tuple[int, int]]:
     return [(first, first * (first + 1) // 2), *rest]
 
 
-def bench(model: PreTrainedModel, chat: ChatFormat, trajectory: Trajectory,
-          naive_samples: int, engine: object | None, loop: asyncio.AbstractEventLoop) -> dict[str, float]:
+def bench(model: PreTrainedModel, chat: ChatFormat, trajectory: Trajectory, naive_samples: int,
+          engine: object | None, loop: asyncio.AbstractEventLoop, parts: bool = False) -> dict[str, float]:
     (segment,) = segment_boundaries(trajectory, chat, trajectory.answers[0]) or []
     counter = TokenCounter(model)
     began = time.perf_counter()
@@ -179,12 +179,38 @@ def bench(model: PreTrainedModel, chat: ChatFormat, trajectory: Trajectory,
            "naive_tokens": sum(len(segment.sequence(b)) for b in range(turns)), "worst": worst,
            "flop_limit": work(model, naive_forwards(segment)) / work(model, cached_forwards(segment))}
     if engine is not None:
+        loop.run_until_complete(engine.reset_prefix_cache())  # cold: nothing of an earlier row is cached
         began = time.perf_counter()
         through = loop.run_until_complete(EngineGoldScorer(engine).gold_logprobs([segment]))
         row["vllm_s"] = time.perf_counter() - began
         row["vllm_worst"] = max(abs(a - b) for boundary, want in reference.items()
                                 for a, b in zip(through[boundary], want, strict=True))
+        if parts:
+            row.update(loop.run_until_complete(vllm_parts(engine, segment)))
     return row
+
+
+async def vllm_parts(engine: object, segment: SegmentBoundaries) -> dict[str, float]:
+    """Where the vLLM path's time goes, each part from a cold prefix cache: the longest boundary
+    alone (its request computes prompt log-probs over the whole context), the other boundaries
+    after it (each its own request, reading the cached context), and for comparison a plain
+    prefill of the same context (one generated token, no prompt log-probs)."""
+    from rollout.engines.base import SamplingParams
+
+    longest = max(range(len(segment.prefix_lens)), key=lambda b: segment.prefix_lens[b])
+    others = [b for b in range(len(segment.prefix_lens)) if b != longest]
+    sequence, span = segment.sequence(longest), segment.gold_span(longest)
+    await engine.reset_prefix_cache()
+    began = time.perf_counter()
+    await engine.score([sequence], [span])
+    alone = time.perf_counter() - began
+    await engine.score([segment.sequence(b) for b in others], [segment.gold_span(b) for b in others])
+    rest = time.perf_counter() - began - alone
+    await engine.reset_prefix_cache()
+    began = time.perf_counter()
+    await engine.generate(sequence[:span[0]], SamplingParams(max_new_tokens=1, temperature=0.0))
+    prefill = time.perf_counter() - began
+    return {"vllm_longest_s": alone, "vllm_others_s": rest, "vllm_prefill_s": prefill}
 
 
 def warm_up(model: PreTrainedModel, chat: ChatFormat, trajectory: Trajectory) -> None:
@@ -214,6 +240,8 @@ def main() -> None:
     parser.add_argument("--naive-samples", type=int, default=12,
                         help="boundaries the naive scorer is timed on (0 = all of them)")
     parser.add_argument("--vllm", action="store_true", help="also score through a vLLM engine (CPU)")
+    parser.add_argument("--vllm-parts", action="store_true",
+                        help="with --vllm: also time the longest boundary, the others, and a plain prefill")
     args = parser.parse_args()
     path = ensure_default_model()
     chat = ChatFormat.from_pretrained(path)
@@ -228,7 +256,7 @@ def main() -> None:
     print("turns  context L  R   cached s  naive s (timed/extrapolated)  speed-up  token ratio  FLOP ratio  "
           "of FLOP limit  max |diff|" + ("   vLLM s  vLLM speed-up  of limit  vLLM max |diff|" if engine else ""))
     for trajectory in trajectories:
-        row = bench(model, chat, trajectory, args.naive_samples, engine, loop)
+        row = bench(model, chat, trajectory, args.naive_samples, engine, loop, args.vllm_parts)
         naive_note = ("all" if row["sampled"] == row["turns"] else f"{row['sampled']:.0f} timed")
         speedup = row["naive_s"] / row["cached_s"]
         line = (f"{row['turns']:5.0f}  {row['context']:9.0f}  {row['R']:.0f}  {row['cached_s']:8.1f}  "
@@ -240,6 +268,12 @@ def main() -> None:
             line += (f"  {row['vllm_s']:7.1f}  {vllm_speedup:13.1f}  {vllm_speedup / row['flop_limit']:8.2f}  "
                      f"{row['vllm_worst']:.1e}")
         print(line, flush=True)
+        if "vllm_longest_s" in row:
+            others = row["turns"] - 1
+            print(f"       vLLM parts: longest boundary alone {row['vllm_longest_s']:.1f} s (a plain prefill of "
+                  f"its context without prompt log-probs: {row['vllm_prefill_s']:.1f} s), the {others:.0f} "
+                  f"others after it {row['vllm_others_s']:.1f} s ({row['vllm_others_s'] / others * 1000:.0f} ms "
+                  f"each)", flush=True)
     if engine is not None:
         loop.run_until_complete(engine.aclose())
 
