@@ -450,6 +450,24 @@ async def test_vllm_path_reads_the_segment_context_from_the_prefix_cache(
     assert reused >= sum(max(length - block, 0) for length in shorter)
 
 
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_reset_prefix_cache_makes_the_next_request_cold(
+        vllm_engine: VllmEngine, trajectories: dict[str, Trajectory], chat: ChatFormat) -> None:
+    """What benchmarks/ig_scoring.py does before each measurement."""
+    (segment, *_) = boundaries(trajectories["mono"], chat)
+    longest = max(range(len(segment.prefix_lens)), key=lambda b: segment.prefix_lens[b])
+    request = ([segment.sequence(longest)], [segment.gold_span(longest)])
+    first = await vllm_engine.score(*request)
+    before = vllm_engine.reused_prompt_tokens
+    assert await vllm_engine.score(*request) == first
+    assert vllm_engine.reused_prompt_tokens > before  # warm: the prefix came from the cache
+    await vllm_engine.reset_prefix_cache()
+    before = vllm_engine.reused_prompt_tokens
+    assert await vllm_engine.score(*request) == first
+    assert vllm_engine.reused_prompt_tokens == before  # cold: nothing was cached
+
+
 # ---- scoring with the weights version that generated the trajectory ------------------------------
 
 def _perturbed(scale: float) -> dict[str, torch.Tensor]:
