@@ -225,6 +225,7 @@ def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
         spec = WorkerSpec(tools=job.rollout.tools, episode=job.rollout.episode, context=job.rollout.context,
                           corpus=corpus, model=model, store=build_store(store_config),
                           checkpoint_every=job.rollout.fleet.checkpoint_every)
+        console.stage("starting the fleet")
         with fleet(job.rollout.engine, job.rollout.fleet, spec, name, events=out / "fleet.jsonl") as rollout_fleet:
             console.fleet = rollout_fleet.view
             sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
@@ -234,6 +235,7 @@ def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
             if any(resolve_reward(entry.kind).scores_with_policy for entry in job.rewards):
                 run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
             try:
+                console.stage("starting the learner")
                 run.learner.start()
                 run.resume_if_asked()
                 run.evaluate_before()
