@@ -58,13 +58,14 @@ class TrainConsole:
 
     ROWS = 8  # steps in the table
 
-    def __init__(self, steps: int, *, live: bool, first_step: int = 0, native: Path | None = None) -> None:
-        self.steps, self.live, self.first_step = steps, live, first_step
+    def __init__(self, steps: int, *, live: bool, native: Path | None = None) -> None:
+        self.steps, self.live = steps, live
+        self.first_step = 0  # the step the run started from (a resumed run's checkpoint)
         self.native = native  # where descriptor 2 goes while live (None: left alone)
         self._native_fd: int | None = None
         self._copying: threading.Thread | None = None
         self._stop_copying = threading.Event()
-        self.done = first_step
+        self.done = 0
         self.rows: deque[tuple[int, Mapping[str, float]]] = deque(maxlen=self.ROWS)
         self.stage_name, self.stage_done, self.stage_total = "starting", 0, 0
         self.fleet: Callable[[], FleetView] | None = None  # the running fleet's view, once it runs
@@ -134,13 +135,12 @@ class TrainConsole:
                 stopping = self._stop_copying.is_set()  # read once more after the last write
                 partial += lines.read()
                 *complete, partial = partial.split(b"\n")
+                if stopping and partial:  # a last line without its end
+                    complete.append(partial)
                 for line in complete:
                     console.print(line.decode(errors="replace"), markup=False, highlight=False,
                                   soft_wrap=True, style="dim")
                 if stopping:
-                    if partial:
-                        console.print(partial.decode(errors="replace"), markup=False, highlight=False,
-                                      soft_wrap=True, style="dim")
                     return
                 self._stop_copying.wait(0.2)
 

@@ -62,7 +62,6 @@ class _Group:
 @dataclass
 class _Stream:
     entries: list[tuple[str, str | None]] = field(default_factory=list)  # (item id, payload JSON; None: released)
-    released: int = 0
     index: dict[str, int] = field(default_factory=dict)  # item id -> position in entries
     groups: dict[str, _Group] = field(default_factory=dict)
     duplicates: int = 0
@@ -129,7 +128,6 @@ class MemoryStoreActor:
                 acked += 1
             if release and position is not None and state.entries[position][1] is not None:
                 state.entries[position] = (item_id, None)
-                state.released += 1
                 for other in state.groups.values():  # as Redis' XDEL: nobody can reclaim it now
                     other.pending.pop(position, None)
         return acked
@@ -162,7 +160,7 @@ class MemoryStoreActor:
 
     async def held(self, stream: str) -> int:
         state = self._streams.get(stream)
-        return len(state.entries) - state.released if state else 0
+        return sum(payload is not None for _, payload in state.entries) if state else 0
 
     async def duplicates(self, stream: str) -> int:
         state = self._streams.get(stream)

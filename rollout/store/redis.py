@@ -377,10 +377,11 @@ class RedisTrajectoryStore(TrajectoryStore):
             known = sorted({entry for entry in entry_ids if entry})
             if not known:
                 return 0
-            if not release:
-                return int(await self._redis().xack(key, group, *known))
-            async with self._redis().pipeline(transaction=True) as both:  # MULTI: XACK, XDEL
-                acked, _ = await both.xack(key, group, *known).xdel(key, *known).execute()
+            async with self._redis().pipeline(transaction=True) as commands:  # MULTI: XACK (, XDEL)
+                commands.xack(key, group, *known)
+                if release:
+                    commands.xdel(key, *known)
+                acked, *_ = await commands.execute()
             return int(acked)
 
     async def reclaim(self, stream: str, group: str, consumer: str, min_idle_ms: int,
