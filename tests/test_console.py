@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -20,7 +21,7 @@ STEP = {"reward/mean": 0.25, "reward/accuracy": 0.375, "rollout/turns_mean": 6.5
 
 
 def shown(console: TrainConsole, width: int = 100) -> str:
-    screen = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    screen = Console(width=width, record=True, file=io.StringIO())
     screen.print(console.view())
     return screen.export_text()
 
