@@ -270,10 +270,13 @@ def main() -> None:
         print(line, flush=True)
         if "vllm_longest_s" in row:
             others = row["turns"] - 1
-            print(f"       vLLM parts: longest boundary alone {row['vllm_longest_s']:.1f} s (a plain prefill of "
-                  f"its context without prompt log-probs: {row['vllm_prefill_s']:.1f} s), the {others:.0f} "
-                  f"others after it {row['vllm_others_s']:.1f} s ({row['vllm_others_s'] / others * 1000:.0f} ms "
-                  f"each)", flush=True)
+            both = row["vllm_longest_s"] + row["vllm_others_s"]
+            print(f"       vLLM parts: longest boundary alone {row['vllm_longest_s']:.1f} s = "
+                  f"{row['vllm_longest_s'] / row['vllm_prefill_s']:.2f}x a plain prefill of its context "
+                  f"({row['vllm_prefill_s']:.1f} s, no prompt log-probs); the {others:.0f} others after it "
+                  f"{row['vllm_others_s']:.1f} s ({row['vllm_others_s'] / others * 1000:.0f} ms each) = "
+                  f"{row['vllm_others_s'] / both:.0%} of the path, "
+                  f"{row['vllm_others_s'] / row['cached_s']:.2f}x the cached scorer's whole time", flush=True)
     if engine is not None:
         loop.run_until_complete(engine.aclose())
 
