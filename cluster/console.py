@@ -4,7 +4,8 @@ On a terminal, a live view at the bottom of the screen (rich's ``Live``, redrawn
 second):
 
 - the run's progress: steps done of all, time so far and an estimate of the time left;
-- what the run does now: starting the fleet, then the learner; then the current step's stage
+- what the run does now: starting the fleet and the learner (side by side), then waiting on the
+  learner; then the current step's stage
   (rollout, rewards, credit, learner, publish, eval, checkpoint) with
   its episodes done of all where it has them and its time so far, and the fleet's replicas,
   workers and running episodes;

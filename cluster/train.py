@@ -12,13 +12,15 @@ staleness bound (:mod:`cluster.train_async`); both modes share :meth:`Run.learn`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -225,18 +227,20 @@ def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
         spec = WorkerSpec(tools=job.rollout.tools, episode=job.rollout.episode, context=job.rollout.context,
                           corpus=corpus, model=model, store=build_store(store_config),
                           checkpoint_every=job.rollout.fleet.checkpoint_every)
-        console.stage("starting the fleet")
-        with fleet(job.rollout.engine, job.rollout.fleet, spec, name, events=out / "fleet.jsonl") as rollout_fleet:
+        console.stage("starting the fleet and the learner")
+        learner = Learner(replace(job.learner, model=model))
+        with starting(learner) as learner_started, \
+                fleet(job.rollout.engine, job.rollout.fleet, spec, name, events=out / "fleet.jsonl") as rollout_fleet:
             console.fleet = rollout_fleet.view
             sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
                                        or str(out / "tensorboard")), run_name=out.name, show=console.step)
-            run = Run(job, out, Learner(replace(job.learner, model=model)), rollout_fleet, tasks, eval_tasks,
+            run = Run(job, out, learner, rollout_fleet, tasks, eval_tasks,
                       estimator, sink, console, name=name, store_config=store_config)
             if any(resolve_reward(entry.kind).scores_with_policy for entry in job.rewards):
                 run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
             try:
                 console.stage("starting the learner")
-                run.learner.start()
+                learner_started.result()
                 run.resume_if_asked()
                 run.evaluate_before()
                 if job.mode == "sync":
@@ -246,8 +250,25 @@ def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
             finally:
                 console.fleet = None  # the view outlives the fleet
                 sink.close()
-                run.learner.close()
     return run.state
+
+
+@contextlib.contextmanager
+def starting(learner: Learner) -> Iterator[Future[Learner]]:
+    """Start ``learner`` in a thread while the caller starts the fleet, and close it on the way out.
+
+    Both start-ups mostly wait on new Ray actors importing torch, transformers, vLLM or veRL, so
+    side by side they take the longer of the two, not the sum. The caller waits on the future
+    before its first update; a start that failed raises there.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="learner-start") as pool:
+        started = pool.submit(learner.start)
+        try:
+            yield started
+        finally:
+            with contextlib.suppress(Exception):  # a failed start was raised to the caller already
+                started.result()
+            learner.close()
 
 
 class Run:

@@ -78,10 +78,16 @@ def test_vllm_rollout_writes_trajectories(ray_local: None, tmp_path: Path) -> No
         assert all(-1e4 < lp <= 0 for turn in turns for lp in turn.response_logprobs)
 
 
+# iter_research starts every round from a fresh workspace, so the random model's episodes never fill
+# the context and would run the example's 200 turns: 24 rounds show the same; discard_all keeps the
+# example's limits (its resets come from a full context).
+LIMITS = {"iter_research": ["episode.env.max_turns=24"], "discard_all": []}
+
+
 @pytest.mark.parametrize("kind", ["iter_research", "discard_all"])
 def test_other_context_managers_roll_out(ray_local: None, tmp_path: Path, kind: str) -> None:
     cfg = load_config(RolloutConfig, EXAMPLES / f"rollout_{kind}.yaml",
-                      ["data.limit=2", "group_size=2", "episode.max_new_tokens=64"])
+                      ["data.limit=2", "group_size=2", "episode.max_new_tokens=64", *LIMITS[kind]])
     out = tmp_path / f"{kind}.jsonl"
     summary = run_rollout(replace(cfg), out, progress=False)
     trajectories = load_trajectories(out)

@@ -114,6 +114,7 @@ def test_loss_weights_skip_the_prompt_and_weigh_tool_results() -> None:
     assert loss_weights([0, 0, 0], 0.2) == [0, 0, 0]  # nothing the policy wrote: no loss
 
 
+@pytest.mark.slow  # 200 optimiser steps: about a minute, kept out of the fast tier
 def test_the_copying_task_teaches_a_random_model_to_copy() -> None:
     """The copying stage's task, on a 64-token pool: the random tiny model predicts the second copy
     no better than chance (ln 64 = 4.2), and after 200 steps nearly perfectly."""
