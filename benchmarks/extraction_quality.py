@@ -4,8 +4,9 @@ Reads the 121 news/blog pages of the shared data (``webpages/html/*.html.gz``, g
 ``webpages/ground_truth.json`` field ``articleBody``) and, for each extraction setting, reports the
 token-level precision, recall and F1 of the extracted text against the gold text (bag of lower-cased
 word tokens, averaged over pages), how many pages came out empty or with recall below 0.5 (the
-article was missed: the failure an agent cannot recover from), and the mean extraction time per page. The numbers decide the
-default of ``ExtractConfig.favor``; they are written up in ``docs/benchmarks/extraction.md``.
+article was missed: the failure an agent cannot recover from), and the mean extraction time per
+page. The numbers decide the default of ``ExtractConfig.favor``; they are written up in
+``docs/benchmarks/extraction.md``.
 
 Run:  .venv/bin/python benchmarks/extraction_quality.py [--data ../shared/data] [--limit N]
 """
@@ -72,8 +73,8 @@ def settings() -> dict[str, Extractor]:
         "favor_precision": configured(ExtractConfig(favor="precision")),
         "favor_recall": configured(ExtractConfig(favor="recall")),
         "balanced, fast (no fallback)": configured(ExtractConfig(favor="balanced", fast=True)),
-        "baseline (article/p heuristic)": lambda html, url: trafilatura.baseline(html)[1],
-        "html2txt (all visible text)": lambda html, url: trafilatura.html2txt(html),
+        "baseline (article/p heuristic)": lambda html, _url: trafilatura.baseline(html)[1],
+        "html2txt (all visible text)": lambda html, _url: trafilatura.html2txt(html),
     }
 
 

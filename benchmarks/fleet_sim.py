@@ -182,7 +182,8 @@ class Result:
                 "utilisation": self.busy_slot_s / max(self.replica_s * concurrency, 1e-9),
                 "learner_idle": 1 - self.learner_busy_s / self.wall_s,
                 "p99_episode_s": episodes[min(len(episodes) - 1, int(0.99 * len(episodes)))] if episodes else 0.0,
-                "stale": float(self.stale), "moves": float(self.moves), "trained": float(self.trained), "wall_s": self.wall_s}
+                "stale": float(self.stale), "moves": float(self.moves), "trained": float(self.trained),
+                "wall_s": self.wall_s}
 
 
 class FleetSim:
@@ -482,7 +483,8 @@ class Report:
                f"{'p99 episode s':>14} {'stale':>6} {'moves':>6} {'wall s':>8}"]
         for name, row in rows.items():
             out.append(f"{name:<22} {row['samples_per_s']:>10.3f} {row['replica_s']:>11.0f} {row['utilisation']:>6.2f} "
-                       f"{row['learner_idle']:>13.2f} {row['p99_episode_s']:>14.0f} {row['stale']:>6.0f} {row['moves']:>6.0f} {row['wall_s']:>8.0f}")
+                       f"{row['learner_idle']:>13.2f} {row['p99_episode_s']:>14.0f} {row['stale']:>6.0f} "
+                       f"{row['moves']:>6.0f} {row['wall_s']:>8.0f}")
         bound = sync * self.overlap_speedup
         out.append(f"ideal overlap bound (sync's rollout and learning phases overlapped): {bound:.3f} samples/s "
                    f"({self.overlap_speedup:.2f}x sync); async reaches "

@@ -252,7 +252,7 @@ def main() -> None:
     longest = max(len(t.segments[0].flat_ids()) for t in trajectories)
     engine = vllm_engine(path, longest, loop) if args.vllm else None
     print(f"torch threads: {torch.get_num_threads()}; model: {path.name} (fp32, "
-          f"{model.config._attn_implementation})")
+          f"{model.config._attn_implementation})")  # noqa: SLF001 - what from_pretrained chose
     print("turns  context L  R   cached s  naive s (timed/extrapolated)  speed-up  token ratio  FLOP ratio  "
           "of FLOP limit  max |diff|" + ("   vLLM s  vLLM speed-up  of limit  vLLM max |diff|" if engine else ""))
     for trajectory in trajectories:

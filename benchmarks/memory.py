@@ -61,6 +61,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from types import FunctionType, ModuleType
+from typing import ClassVar
 
 import redis.asyncio as aioredis
 import torch
@@ -90,7 +91,7 @@ from rollout.store.redis import RedisTrajectoryStore
 from rollout.trajectory import Trajectory
 
 # A script's own folder is first on sys.path: the benchmark beside this one.
-from ig_scoring import BASE, PageVisit, make_trajectories, warm_up  # noqa: I001
+from ig_scoring import BASE, PageVisit, make_trajectories, warm_up
 from turn_cost import InstantEngine
 
 MB = 1 << 20
@@ -153,7 +154,7 @@ class WorldPages:
 
     name = "search"
     description = "page-sized search results"
-    parameters: JsonObject = {"type": "object", "properties": {"query": {"type": "array"}}}
+    parameters: ClassVar[JsonObject] = {"type": "object", "properties": {"query": {"type": "array"}}}
 
     def __init__(self, documents: Sequence[Document], page_chars: int) -> None:
         self.text = "\n\n".join(doc.text for doc in documents)
@@ -404,7 +405,7 @@ def in_fresh_process(only: str) -> object:
     as a worker is a process of its own: no memory freed by the other measurements is there to
     absorb its own. Returns what it printed last (JSON)."""
     child = subprocess.run([sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--only", only],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, check=False)
     if child.returncode != 0:
         raise RuntimeError(f"measurement {only} failed ({child.returncode}):\n{child.stderr[-3000:]}")
     return json.loads(child.stdout.strip().splitlines()[-1])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import statistics
 import tempfile
@@ -32,10 +33,10 @@ from pathlib import Path
 
 from cluster.rollout import RayConfig, init_ray
 from cluster.score import find_tasks
-from rewards.apply import score_groups
 from cluster.warm_start import DEFAULT_TASKS, WarmStartRecipe, expert_trajectories
 from envs.datasets.registry import DatasetConfig
 from envs.tasks import Task
+from rewards.apply import score_groups
 from rewards.base import RewardSpec
 from rollout.model_store import WARM_MODEL
 from rollout.trajectory import Trajectory
@@ -80,7 +81,7 @@ def split_turns(trajectories: list[Trajectory], tasks: dict[str, Task]) -> dict[
         task = tasks[trajectory.task_id]
         urls = {url for clue in task.clues for url in clue.evidence_urls}
         turns = trajectory.turns
-        for turn, following in zip(turns, turns[1:], strict=False):
+        for turn, following in itertools.pairwise(turns):
             if not turn.tool:
                 continue
             clue = turn_group(turn.tool, turn.arguments, turn.observation_text, urls)

@@ -21,6 +21,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -45,7 +46,7 @@ class InstantSearch:
 
     name = "search"
     description = "instant search"
-    parameters: JsonObject = {"type": "object", "properties": {"query": {"type": "array"}}}
+    parameters: ClassVar[JsonObject] = {"type": "object", "properties": {"query": {"type": "array"}}}
 
     def normalize(self, arguments: Mapping[str, object]) -> JsonObject:
         query = arguments.get("query", [])
@@ -63,7 +64,7 @@ class InstantEngine:
 
     def __init__(self, chat: ChatFormat) -> None:
         text = render_tool_call("search", {"query": ["Varny Bridge engineer"]}, "Keep searching.")
-        self.ids = tuple(chat.encode(text)) + (chat.turn_end_id,)
+        self.ids = (*chat.encode(text), chat.turn_end_id)
         self.arrived: dict[str, list[float]] = defaultdict(list)
         self.returned: dict[str, list[float]] = defaultdict(list)
 

@@ -99,7 +99,7 @@ def build_policy(config: AutoscaleConfig) -> ScalePolicy:
     if options_type is None:
         if config.options:
             raise ValueError(f"scale policy {config.kind!r} takes no options, got {sorted(config.options)}")
-        return cls()  # type: ignore[call-arg]
+        return cls()
     return cls(typed_options(options_type, config.options, f"scale policy {config.kind!r}",  # type: ignore[call-arg]
                              error=ValueError))
 
@@ -195,10 +195,10 @@ class Sizer:
         longest = max(self.config.up_delay_s, self.config.down_delay_s)
         while len(self._answers) > 1 and self._answers[1][0] <= now - longest:
             self._answers.popleft()  # keep the one in effect at the start of the longest window
-        size = tuple(self._settle(d, now) for d in (0, 1))
+        size = self._settle(0, now), self._settle(1, now)
         if size == self.wanted:
             return None
-        self.wanted, self.reason = size, want.reason  # type: ignore[assignment]
+        self.wanted, self.reason = size, want.reason
         return Want(*size, want.reason)
 
     def _settle(self, d: int, now: float) -> int:

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
     try:
-        code = args._run(args)
+        code = args._run(args)  # noqa: SLF001 - the command's own attribute, set in build_parser
     except KeyboardInterrupt:
         print("turnstile: interrupted", file=sys.stderr)
         code = 130

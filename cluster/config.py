@@ -53,13 +53,13 @@ def load_config(schema: type[T], path: str | Path | None = None,
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (example: env.max_turns=50)")
         try:
-            layer = OmegaConf.from_dotlist([item])
+            override = OmegaConf.from_dotlist([item])
         except Exception as error:  # noqa: BLE001 - OmegaConf and yaml raise several types
             reason = str(error).strip().splitlines()[0]
             raise ConfigError(f"override {item!r} cannot be read ({reason}); write key=value, and "
                               f"quote the whole override when the value holds spaces") from None
-        _refuse_glued_colons(layer, item)
-        layers.append((f"override {item!r}", layer))
+        _refuse_glued_colons(override, item)
+        layers.append((f"override {item!r}", override))
     for at in range(1, len(layers)):  # a layer that cannot merge with those before it, named
         try:
             OmegaConf.merge(*(layer for _, layer in layers[:at + 1]))
@@ -104,7 +104,8 @@ def _refuse_glued_colons(node: object, item: str) -> None:
     say so instead of letting it fail later as an odd key or a missing value."""
     if isinstance(node, DictConfig):
         for key in node:
-            value = node._get_node(key)._value()  # noqa: SLF001 - the raw value, no interpolation
+            # The raw value, no interpolation; the node is there, its key was just listed.
+            value = node._get_node(key)._value()  # type: ignore[union-attr]  # noqa: SLF001
             if isinstance(key, str) and ":" in key and value is None:
                 name, _, rest = key.partition(":")
                 raise ConfigError(f"override {item!r}: '{{{key}}}' is read as the key {key!r} with no "
@@ -137,7 +138,7 @@ def _failing_section(node: DictConfig | ListConfig, path: str) -> str:
     for key, child in items:
         if not isinstance(child, (DictConfig, ListConfig)):
             continue
-        where = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}.{key}" if path else str(key)
+        where = f"{path}[{key!s}]" if isinstance(node, ListConfig) else f"{path}.{key!s}" if path else str(key)
         try:
             OmegaConf.to_object(child)
         except (ValueError, TypeError):

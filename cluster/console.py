@@ -37,6 +37,9 @@ from typing import TYPE_CHECKING, Protocol
 from cluster.metrics import render
 
 if TYPE_CHECKING:
+    from rich.console import Group, RenderableType
+    from rich.live import Live
+
     from cluster.autoscale import FleetView
 
 NATIVE_LOG = "driver-stderr.log"  # in OUT/logs: what native code writes to the driver's stderr while live
@@ -72,7 +75,7 @@ class TrainConsole:
         self.fleet: Callable[[], FleetView] | None = None  # the running fleet's view, once it runs
         self._lock = threading.Lock()
         self._started = self._stage_started = time.monotonic()
-        self._live = None
+        self._live: Live | None = None
         self._streams: list[tuple[logging.StreamHandler, object]] = []
 
     @classmethod
@@ -101,7 +104,7 @@ class TrainConsole:
         self.stage("done" if error is None else "stopped")
         if self._live is not None:
             if self._native_fd is not None:
-                sys.__stderr__.flush()
+                _flush_python_stderr()
                 os.dup2(self._native_fd, 2)
                 os.close(self._native_fd)
                 self._native_fd = None
@@ -109,7 +112,7 @@ class TrainConsole:
                 assert self._copying is not None
                 self._copying.join(timeout=5)
             for handler, stream in self._streams:
-                handler.setStream(stream)  # type: ignore[arg-type]
+                handler.setStream(stream)
             self._live.stop()
             self._live = None
 
@@ -117,7 +120,7 @@ class TrainConsole:
         path.parent.mkdir(parents=True, exist_ok=True)
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         start = os.lseek(target, 0, os.SEEK_END)
-        sys.__stderr__.flush()
+        _flush_python_stderr()
         self._native_fd = os.dup(2)
         os.dup2(target, 2)
         os.close(target)
@@ -167,7 +170,7 @@ class TrainConsole:
 
     # ---- the live view ----------------------------------------------------------------------------
 
-    def view(self) -> object:
+    def view(self) -> Group:
         """The live view now (a rich renderable)."""
         from rich.console import Group
         from rich.progress_bar import ProgressBar
@@ -195,7 +198,7 @@ class TrainConsole:
                               _cell(row, "format/ok_rate", "{:.0%}"), _cell(row, "staleness/mean", "{:.2g}"),
                               _cell(row, "throughput/tokens_per_s", "{:.0f}"), _cell(row, "learner/loss", "{:.3g}"),
                               _cell(row, "eval/accuracy", "{:.1%}"), _cell(row, "time/step_s", "{:.1f}s"))
-            parts: list[object] = [head, stage]
+            parts: list[RenderableType] = [head, stage]
             if self.fleet is not None:
                 fleet = self.fleet()
                 parts.append(Text(f"fleet {fleet.engines} engine replica{'s' * (fleet.engines != 1)}, "
@@ -204,6 +207,12 @@ class TrainConsole:
             if self.rows:
                 parts.append(table)
         return Group(*parts)
+
+
+def _flush_python_stderr() -> None:
+    """Write out what Python holds for descriptor 2 before the descriptor changes."""
+    if sys.__stderr__ is not None:  # None in a process started without a descriptor 2
+        sys.__stderr__.flush()
 
 
 def _cell(row: Mapping[str, float], key: str, spec: str) -> str:

@@ -118,7 +118,9 @@ class ElasticFleet:
         for _ in range(engines):
             self._start_replica("the configured size")
         for replica_id in list(self._replicas):
-            self._replica_came_up(replica_id, ray.get(self._replicas[replica_id].ready))
+            ready = self._replicas[replica_id].ready
+            assert ready is not None  # each was started just above
+            self._replica_came_up(replica_id, ray.get(ready))
         for _ in range(workers):
             self._start_worker("the configured size")
         ray.get([pending.ping for pending in self._pending_workers])
@@ -145,7 +147,7 @@ class ElasticFleet:
             if self._asked is not None:  # the standing request would keep the nodes after the run
                 from ray.autoscaler.sdk import request_resources
 
-                with contextlib.suppress(Exception):  # noqa: BLE001 - closing must finish; Ray may be going down
+                with contextlib.suppress(Exception):  # closing must finish; Ray may be going down
                     request_resources(bundles=[])
                 self._asked = None
 
@@ -193,7 +195,7 @@ class ElasticFleet:
         while not self._stop.wait(self.autoscale.interval_s):
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - the fleet's upkeep must not end the run; next look retries
+            except Exception:  # the fleet's upkeep must not end the run; next look retries
                 log.exception("looking after the rollout fleet failed; trying again in %.1f s",
                               self.autoscale.interval_s)
 
@@ -211,7 +213,7 @@ class ElasticFleet:
 
     def _check_replicas(self) -> None:
         serving = [i for i, r in self._replicas.items() if r.state in ("ready", "draining")]
-        calls = {self._replicas[i].handle.in_flight.remote(): i for i in serving}
+        calls: dict[ray.ObjectRef, int] = {self._replicas[i].handle.in_flight.remote(): i for i in serving}
         done, _ = ray.wait(list(calls), num_returns=len(calls), timeout=min(5.0, self.autoscale.interval_s * 5))
         dead = []
         for ref in done:
@@ -236,7 +238,8 @@ class ElasticFleet:
             if not done:
                 if time.monotonic() - replica.since > self.autoscale.start_timeout_s:
                     ray.kill(self._replicas.pop(replica_id).handle)
-                    self._failed_start(f"engine-{replica_id}", f"not serving after {self.autoscale.start_timeout_s:.0f} s")
+                    self._failed_start(f"engine-{replica_id}",
+                                       f"not serving after {self.autoscale.start_timeout_s:.0f} s")
                 continue
             try:
                 self._replica_came_up(replica_id, ray.get(replica.ready))
@@ -393,7 +396,7 @@ class ElasticFleet:
         members = self._membership()
         self.router.set_replicas(members)
         workers = [self.pool.workers[i] for i in self.pool.indices(WorkerPool.READY, WorkerPool.DRAINING)]
-        calls = [worker.set_replicas.remote(members) for worker in workers]
+        calls: list[ray.ObjectRef] = [worker.set_replicas.remote(members) for worker in workers]
         for call in calls:
             with contextlib.suppress(RayActorError, GetTimeoutError):
                 ray.get(call, timeout=_CALL_TIMEOUT_S)
@@ -406,7 +409,8 @@ class ElasticFleet:
         from ray.autoscaler.sdk import request_resources
 
         engines, workers = self.sizer.wanted
-        engine = {"CPU": self.config.engine_cpus, **({"GPU": self.config.engine_gpus} if self.config.engine_gpus else {})}
+        engine = {"CPU": self.config.engine_cpus,
+                  **({"GPU": self.config.engine_gpus} if self.config.engine_gpus else {})}
         bundles = [engine] * engines + [{"CPU": self.config.worker_cpus}] * workers
         request_resources(bundles=[{k: v for k, v in b.items() if v > 0} or {"CPU": 0.01} for b in bundles])
         self._asked = self.sizer.wanted

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
@@ -99,6 +99,6 @@ async def show_episode(job: EpisodeJob) -> int:
     return 0
 
 
-def _short(arguments: dict[str, object]) -> str:
+def _short(arguments: Mapping[str, object]) -> str:
     text = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
     return text if len(text) <= 56 else text[:53] + "..."

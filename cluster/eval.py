@@ -34,8 +34,7 @@ from tqdm import tqdm
 from cluster.dispatch import Dispatcher
 from cluster.eval_metrics import benchmark_scores, mean_interval
 from cluster.metrics import browse_ratio
-from cluster.rollout import (RolloutConfig, expert_engine, fleet, init_ray, servable_tasks,
-                             serve_corpus)
+from cluster.rollout import RolloutConfig, expert_engine, fleet, init_ray, servable_tasks, serve_corpus
 from cluster.synthesis import SynthesisConfig, final_report, synthesize, synthesize_with_policy
 from cluster.train import default_rollout
 from cluster.warm_start import DEFAULT_TASKS
@@ -149,8 +148,9 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                         finished = dispatcher.wait(timeout=1.0)
                         for trajectory in judge(finished, by_uid, tasks_by_uid):
                             report = final_report(trajectory)
-                            row = result_row(by_uid[trajectory.uid], trajectory, report)
-                            reports[(row["benchmark"], row["task_id"], row["sample"])] = report
+                            benchmark = by_uid[trajectory.uid]
+                            row = result_row(benchmark, trajectory, report)
+                            reports[(benchmark.name, trajectory.task_id, trajectory.sample)] = report
                             sink.write(json.dumps(row) + "\n")
                             bar.update(1)
                         sink.flush()
@@ -196,11 +196,12 @@ def run_synthesis(cfg: EvalConfig, out: Path, task_lists: list[list[Task]], rows
         for task in tasks:
             wanted = [n for n in ns if (bench.name, task.id, n) not in have]
             texts = [reports.get((bench.name, task.id, s)) for s in range(max(wanted, default=0))]
-            if wanted and None in texts:
+            found = [text for text in texts if text is not None]
+            if wanted and len(found) < len(texts):
                 missing += 1
                 continue
             for n in wanted:
-                jobs.append((task.question, texts[:n]))
+                jobs.append((task.question, found[:n]))
                 keys.append((bench, task, n))
         if missing:
             log.warning("%s: %d questions have no reports for synthesis (sampled before a restart%s)", bench.name,
@@ -229,7 +230,7 @@ def run_synthesis(cfg: EvalConfig, out: Path, task_lists: list[list[Task]], rows
     return scores
 
 
-async def synthesizer(cfg: EvalConfig, jobs: list[tuple[str, list[str]]]) -> list[str | None | Exception]:
+async def synthesizer(cfg: EvalConfig, jobs: list[tuple[str, list[str]]]) -> list[str | Exception | None]:
     """The configured synthesis model's answers: the endpoint's, or the evaluated policy's."""
     if cfg.synthesis.synthesizer == "policy":
         return await synthesize_with_policy(cfg.rollout.engine, resolve_model(cfg.rollout.engine.model),
@@ -242,6 +243,7 @@ def result_row(bench: BenchmarkConfig, trajectory: Trajectory, report: str | Non
     ``report``: its final report, when the caller has it already."""
     tools = [turn.tool for turn in trajectory.turns if turn.tool]
     answer = trajectory.answer if trajectory.answered else None
+    reward_error = trajectory.metadata.get("reward_error")  # {"plugin", "error", "deliveries"}
     return {"benchmark": bench.name, "task_id": trajectory.task_id, "sample": trajectory.sample,
             "answer": None if bench.encrypted else answer,
             "answer_key": hashlib.sha256(normalize_answer(answer).encode()).hexdigest()[:16] if answer else None,
@@ -250,8 +252,7 @@ def result_row(bench: BenchmarkConfig, trajectory: Trajectory, report: str | Non
             "wall_s": round(trajectory.wall_s, 3),
             "score": trajectory.outcome if trajectory.outcome is not None else 0.0,  # the judge's
             "report": None if bench.encrypted else report or final_report(trajectory),  # for synth@n
-            **({"judge_error": trajectory.metadata["reward_error"]["error"]}
-               if "reward_error" in trajectory.metadata else {})}
+            **({"judge_error": reward_error["error"]} if isinstance(reward_error, dict) else {})}
 
 
 def drop_partial_line(path: Path) -> None:
@@ -317,7 +318,8 @@ def write_figure(path: Path, summary: dict[str, dict[str, object]], rows: list[d
     import matplotlib.pyplot as plt
 
     figure, (curve, browse, turns) = plt.subplots(1, 3, figsize=(13, 3.8))
-    for name, scores in summary.items():
+    for name, entry in summary.items():
+        scores = {key: value for key, value in entry.items() if isinstance(value, list)}  # not the counts
         ks = [int(key.split("@")[1]) for key in scores if key.startswith("pass@")]
         values = [scores[f"pass@{k}"] for k in ks]
         curve.plot(ks, [100 * v[0] for v in values], marker="o", label=name)

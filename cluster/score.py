@@ -19,8 +19,8 @@ from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.tasks import Task
 from learner.credit import estimator_from_options
-from learner.credit.registry import CreditResult
 from learner.credit.assign import assign_credit
+from learner.credit.registry import CreditResult
 from rewards.apply import DEFAULT_SCORE_TIMEOUT_S, score_groups
 from rewards.base import RewardSpec
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
@@ -66,7 +66,7 @@ async def score_saved(cfg: ScoreConfig, source: Path, out: Path) -> ScoreReport:
     scored = [t for t in trajectories if t.outcome is not None]  # the unscored get no credit
     result: CreditResult = assign_credit(scored, estimator) if scored else CreditResult([])
     save_trajectories(trajectories, out)
-    outcomes = [t.outcome for t in scored]
+    outcomes = [t.outcome for t in scored if t.outcome is not None]
     return ScoreReport(len(trajectories), len({t.uid for t in trajectories}),
                        sum(outcomes) / len(outcomes) if outcomes else 0.0, result.stats, unscored)
 

@@ -89,12 +89,12 @@ def parse_answer(reply: str) -> str | None:
     return found[-1].strip() or None
 
 
-async def synthesize(config: SynthesisConfig, jobs: list[tuple[str, list[str]]]) -> list[str | None | Exception]:
+async def synthesize(config: SynthesisConfig, jobs: list[tuple[str, list[str]]]) -> list[str | Exception | None]:
     """For each (question, reports): the synthesis model's answer (None: the reply had none), or
     the :class:`ChatUnavailable` the endpoint ended with."""
     client = ChatClient(config.client)
     try:
-        async def one(question: str, reports: list[str]) -> str | None | Exception:
+        async def one(question: str, reports: list[str]) -> str | Exception | None:
             try:
                 return parse_answer(await client.complete(synthesis_messages(question, reports)))
             except ChatUnavailable as error:
@@ -106,7 +106,7 @@ async def synthesize(config: SynthesisConfig, jobs: list[tuple[str, list[str]]])
 
 
 async def synthesize_with_policy(engine: EngineConfig, model: str, episode: EpisodeConfig,
-                                 jobs: list[tuple[str, list[str]]]) -> list[str | None | Exception]:
+                                 jobs: list[tuple[str, list[str]]]) -> list[str | Exception | None]:
     """As :func:`synthesize`, the synthesis model being the evaluated policy: one replica of
     ``engine`` on ``model`` (a Ray actor, started here and killed after), each prompt within
     ``episode.context_budget`` (the reports' beginnings cut evenly until it fits: a report's
@@ -127,7 +127,7 @@ async def synthesize_with_policy(engine: EngineConfig, model: str, episode: Epis
     try:
         await actor.ready.remote()
 
-        async def one(question: str, reports: list[str]) -> str | None | Exception:
+        async def one(question: str, reports: list[str]) -> str | Exception | None:
             try:
                 ids = fitted_prompt(chat, question, reports, room)
                 generation = await actor.generate.remote(ids, sampling)

@@ -24,7 +24,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-
 from cluster.console import Tally, TrainConsole
 from cluster.dispatch import WorkerPool
 from cluster.elastic import ElasticFleet
@@ -45,8 +44,8 @@ from cluster.rollout import (
     expert_engine,
     fleet,
     init_ray,
-    serve_corpus,
     servable_tasks,
+    serve_corpus,
 )
 from cluster.score import EstimatorEntry, find_tasks
 from cluster.train_async import async_loop
@@ -108,7 +107,8 @@ class TrainJob:
     resume: bool = False
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     store: StoreConfig = field(default_factory=StoreConfig)  # async: memory (default) or redis
-    reward_service: RewardServiceConfig = field(default_factory=lambda: RewardServiceConfig(workers=1))  # tensorboard_dir "" = out/tensorboard
+    # its tensorboard_dir "" means out/tensorboard
+    reward_service: RewardServiceConfig = field(default_factory=lambda: RewardServiceConfig(workers=1))
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import IO
+from typing import IO, TypedDict
 
 from envs.tools.base import JsonObject, JsonValue
 from rollout.summary import is_correct
@@ -176,7 +176,55 @@ def turn_row(turn: Turn, segment: int, extras: JsonObject) -> list[JsonValue]:
     return [values[name] if name in values else getattr(turn, name) for name in TURN_FIELDS]
 
 
-def trajectory_summary(trajectory: Trajectory, key: int) -> JsonObject:
+class TrajectorySummary(TypedDict):
+    """One trajectory in the page's group list (:func:`trajectory_summary`)."""
+
+    key: int
+    sample: int
+    task_id: str
+    outcome: float | None
+    correct: bool
+    stop_reason: str
+    answer: str | None
+    turns: int
+    segments: int
+    tools: list[str]
+    advantage_range: list[float] | None
+    version_range: list[int] | None
+    ig_curve: list[float] | None
+    context_manager: str
+    policy: str
+    wall_s: float
+    metadata: JsonObject
+
+
+class GroupSummary(TypedDict):
+    """A group in the page's group list (:func:`group_summary`)."""
+
+    uid: str
+    question: str
+    answers: list[str]
+    trajectories: list[TrajectorySummary]
+    mean_outcome: float | None
+    accuracy: float
+    mean_turns: float
+    advantage_range: list[float] | None
+
+
+class SourceEntry(TypedDict):
+    """One file in the page's index (:func:`embed_source`)."""
+
+    label: str
+    path: str
+    kind: str
+    step: int | None
+    trajectories: int
+    turns: int
+    max_abs_advantage: float
+    groups: list[GroupSummary]
+
+
+def trajectory_summary(trajectory: Trajectory, key: int) -> TrajectorySummary:
     """What the group list and the filters need of one trajectory without parsing its turns;
     ``key`` names the JSON tag that holds its turns."""
     turns = trajectory.turns
@@ -207,7 +255,7 @@ def cumulative_ig(turns: Sequence[Turn]) -> list[float] | None:
     return curve
 
 
-def group_summary(uid: str, question: str, answers: list[str], members: list[JsonObject]) -> JsonObject:
+def group_summary(uid: str, question: str, answers: list[str], members: list[TrajectorySummary]) -> GroupSummary:
     """A group (the G samples of one task) with the statistics its header shows."""
     outcomes = [m["outcome"] for m in members if m["outcome"] is not None]
     ranges = [m["advantage_range"] for m in members if m["advantage_range"] is not None]
@@ -220,7 +268,7 @@ def group_summary(uid: str, question: str, answers: list[str], members: list[Jso
     }
 
 
-def embed_json(value: JsonValue) -> str:
+def embed_json(value: object) -> str:
     """JSON that is safe inside a ``<script>`` element: ``<`` only occurs inside JSON strings, where
     ``\\u003c`` means the same, and without it no text can write ``</script>`` or ``<!--``."""
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
@@ -270,10 +318,10 @@ class _Group:
 
     question: str
     answers: list[str]
-    members: list[JsonObject] = field(default_factory=list)
+    members: list[TrajectorySummary] = field(default_factory=list)
 
 
-def embed_source(source: Source, page: IO[str], summary: PageSummary) -> JsonObject:
+def embed_source(source: Source, page: IO[str], summary: PageSummary) -> SourceEntry:
     """Write each trajectory's turns of ``source`` as its own JSON tag; return the file's index entry
     (its groups in order of first appearance, with the trajectories' summaries)."""
     groups: dict[str, _Group] = {}

@@ -60,16 +60,20 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cluster.rollout import RolloutConfig, run_rollout
 from envs.datasets.registry import DatasetConfig
 from envs.env import EnvConfig
-from rollout.episode import EpisodeConfig
 from envs.synthetic.expert import ExpertConfig
 from rollout.context import ContextConfig
+from rollout.episode import EpisodeConfig
 from rollout.model_store import BUILD_INFO, ITER_MODEL, RANDOM_MODEL, SFT_MODEL, WARM_MODEL, resolve_model
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
 DEFAULT_TASKS: dict[str, Any] = {"min_hops": 1, "max_hops": 1, "entity_answer_fraction": 1.0,
                                  "aggregation_fraction": 0.0, "count": 1200}
@@ -326,7 +330,7 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
         trace, tokens, spent = saved["trace"], saved["tokens"], saved["seconds"]
     started = time.monotonic()
 
-    def optimise(optimiser: torch.optim.Optimizer, scheduler: Any) -> None:
+    def optimise(optimiser: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
         scheduler.step()
@@ -337,7 +341,7 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
     if saved is None:
         optimiser = torch.optim.AdamW(model.parameters(), lr=recipe.lr / 2,  # constant; 1e-3 by default
                                       betas=(0.9, 0.98), weight_decay=0.0)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: 1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda _step: 1.0)
         bar = tqdm(range(recipe.induction_steps), desc="copying", unit="step", disable=not progress)
         for _ in bar:
             loss = runs.loss(model, recipe.induction_batch)
@@ -452,7 +456,7 @@ class RepeatedRuns:
         self.pool = pool
         self.rng = random.Random(f"turnstile-copying-{seed}")
 
-    def loss(self, model: Any, batch: int) -> Any:
+    def loss(self, model: PreTrainedModel, batch: int) -> torch.Tensor:
         import torch
 
         rows = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import operator
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from envs.datasets.generic import DatasetError
@@ -37,7 +38,8 @@ MAX_EXPONENT = 64
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_UNARY: dict[type[ast.unaryop], Callable[[int | float], int | float]] = {
+    ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 CALCULATE_SCHEMA: JsonObject = {
     "type": "function",
@@ -66,7 +68,7 @@ def calculate(expression: str) -> int | float:
 
 
 def _evaluate(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
         return _bounded(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_evaluate(node.operand))

@@ -111,7 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
     disable_nagle_algorithm = True  # headers and body are separate writes: no 40 ms delayed-ACK stall
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+    def do_GET(self) -> None:
         path = unquote(urlsplit(self.path).path)
         if path in ("/", "/index.html"):
             self._send(200, self.server.pages.index())
@@ -125,7 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(404, _page("Not found", f"<h1>Not found</h1>\n<p>There is no page at {missing}. "
                                            'See the <a href="/">index</a>.</p>').encode("utf-8"))
 
-    def do_HEAD(self) -> None:  # noqa: N802 - stdlib name
+    def do_HEAD(self) -> None:
         self.do_GET()
 
     def _send(self, status: int, body: bytes) -> None:
@@ -202,8 +202,8 @@ class CorpusServer:
     def base_url(self) -> str:
         if self._server is None:
             raise RuntimeError("the corpus server is not running: call start() first")
-        host, port = self._server.server_address[:2]
-        shown = f"[{host}]" if ":" in str(host) else str(host)
+        host, port = str(self._server.server_address[0]), self._server.server_address[1]  # bound: (str, int)
+        shown = f"[{host}]" if ":" in host else host
         return f"http://{shown}:{port}"
 
     def url_for(self, doc_id: str) -> str:

@@ -118,6 +118,9 @@ class Env(abc.ABC):
     """
 
     @abc.abstractmethod
+    def __init__(self, task: Task, toolbox: Toolbox, config: EnvConfig) -> None: ...
+
+    @abc.abstractmethod
     async def reset(self) -> list[Message]: ...
 
     @abc.abstractmethod
@@ -144,7 +147,12 @@ _EnvClass = TypeVar("_EnvClass", bound=type[Env])
 
 def register_env(name: str) -> Callable[[_EnvClass], _EnvClass]:
     """Decorator: make the decorated class the environment ``name``."""
-    return ENVS.register(name)
+
+    def decorate(cls: _EnvClass) -> _EnvClass:
+        ENVS.add(name, cls)
+        return cls
+
+    return decorate
 
 
 def env_class(kind: str) -> type[Env]:

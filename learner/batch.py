@@ -42,7 +42,7 @@ def importance_ratios(log_prob: torch.Tensor, old: torch.Tensor, mask: torch.Ten
     return torch.exp(log_ratio)[keep]
 
 
-def unit_weight(turn: Turn) -> float:
+def unit_weight(turn: Turn) -> float:  # noqa: ARG001 - a TurnWeight
     """Every generated token counts once: the loss weight of RL samples."""
     return 1.0
 

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from learner.batch import Sample, check_unique_trajectories
-from learner.credit.registry import Estimator
 from learner.credit.assign import assign_credit, token_advantages
+from learner.credit.registry import Estimator
 from rollout.trajectory import Segment, Trajectory
 
 

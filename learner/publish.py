@@ -91,7 +91,8 @@ def save_hf_model(weights: Mapping[str, torch.Tensor], base_model: str | Path, o
     base, out = Path(base_model), Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for item in base.iterdir():
-        if item.is_file() and not item.name.endswith((".safetensors", ".bin")) and item.name != "model.safetensors.index.json":
+        base_weights = item.name.endswith((".safetensors", ".bin")) or item.name == "model.safetensors.index.json"
+        if item.is_file() and not base_weights:
             shutil.copy2(item, out / item.name)
     write_checkpoint(weights, out)
     if about is not None:

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from envs.answers import answer_matches
+from envs.chat_client import ChatClient, ChatClientConfig
 from envs.protocol import (
     CALL_CLOSE,
     CALL_OPEN,
@@ -66,7 +67,6 @@ from envs.tools.toolbox import Toolbox
 from envs.visit.tool import VisitTool
 from learner.credit.records import write_records
 from learner.sft_formats import AUTO, CHAT, check_format_name, known_formats, row_format
-from envs.chat_client import ChatClient, ChatClientConfig
 from rewards.outcome import judge_messages, parse_verdict
 
 KNOWN_TOOLS = ("search", "visit")
@@ -259,7 +259,7 @@ def _row(line: int, raw: bytes, input_format: str) -> RawRow | Unreadable:
     chat = fmt.chat(value)
     if isinstance(chat, str):
         return Unreadable(line, chat if input_format == AUTO else f"{chat} (read as {fmt.name})")
-    return RawRow(line, {**value, "messages": list[JsonValue](chat)}, fmt.name)
+    return RawRow(line, {**value, "messages": [dict[str, JsonValue](message) for message in chat]}, fmt.name)
 
 
 def reference_answers(value: JsonValue) -> tuple[str, ...]:

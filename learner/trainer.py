@@ -281,8 +281,9 @@ class Learner:
             lr=c.lr, weight_decay=c.weight_decay, clip_grad=c.grad_clip,
             total_training_steps=c.total_steps, lr_warmup_steps=c.warmup_steps, optimizer=c.optimizer,
             optimizer_impl="torch.optim", override_optimizer_config=dict(c.optimizer_options) or None)
+        # veRL's annotations want both; a forward-only worker has no optimiser, and none checkpoints.
         return TrainingWorkerConfig(model_type="language_model", model_config=model, engine_config=engine,
-                                    optimizer_config=optimizer, checkpoint_config=None)
+                                    optimizer_config=optimizer, checkpoint_config=None)  # type: ignore[arg-type]
 
     def _policy_loss(self) -> Any:  # noqa: ANN401
         from verl.workers.config import ActorConfig
@@ -295,7 +296,7 @@ class Learner:
                             clip_ratio_high=loss.clip_ratio_high, loss_agg_mode=loss.loss_agg_mode,
                             entropy_coeff=c.entropy_coeff, use_kl_loss=c.kl_coef > 0,
                             kl_loss_coef=c.kl_coef, kl_loss_type=c.kl_type,
-                            policy_loss={"loss_mode": c.loss})
+                            policy_loss={"loss_mode": c.loss})  # type: ignore[arg-type]  # veRL .get()s it
         return partial(ppo_loss_with_mismatch, actor)
 
     # -- updates -------------------------------------------------------------------------------
@@ -395,7 +396,7 @@ class Learner:
         values = no_padding_2_padding(tu.get(output, "log_probs"), data)
         return values[:len(rows)].float()
 
-    def _tensordict(self, samples: Sequence[Sample]) -> tuple[Any, Any]:  # noqa: ANN401
+    def _tensordict(self, samples: Sequence[Sample]) -> tuple[Any, Any]:
         from verl import DataProto
         from verl.workers.utils.padding import left_right_2_no_padding
 
@@ -473,7 +474,8 @@ def _flatten_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     flat: dict[str, float] = {}
     for key, value in metrics.items():
         values = value if isinstance(value, list) else [value]
-        numbers = [float(getattr(v, "value", v)) for v in values if _is_number(getattr(v, "value", v))]
+        numbers = [float(getattr(v, "value", v))  # type: ignore[arg-type]  # _is_number read it
+                   for v in values if _is_number(getattr(v, "value", v))]
         if numbers:
             flat[key] = max(numbers) if key.endswith("_max") else sum(numbers) / len(numbers)
     return flat

@@ -254,7 +254,7 @@ def _whole_tensor_log_probs() -> None:
 
     def whole_tensor(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if logits.dtype not in (torch.float32, torch.float64):
-            return row_loop(logits, labels)
+            return row_loop(logits, labels)  # type: ignore[arg-type]  # veRL says FloatTensor: any float dtype
         return torch_functional.logprobs_from_logits_naive(logits, labels)
 
     whole_tensor.turnstile_cpu = True  # type: ignore[attr-defined]
@@ -270,7 +270,7 @@ def activate() -> None:
     from verl.plugin.platform import get_platform, platform_manager, set_platform
 
     os.environ.update(platform_env())
-    current = platform_manager._current_platform
+    current = platform_manager._current_platform  # noqa: SLF001 - get_platform() would resolve one
     if current is None:
         get_platform()
     elif not isinstance(current, PlatformCPU):

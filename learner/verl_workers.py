@@ -26,7 +26,7 @@ from learner.batch import importance_ratios
 class PolicyWorker(TrainingWorker):
     """veRL's training worker with a full-weights export for publishing to the rollout engines."""
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[attr-defined]  # veRL registers it at import
     def full_weights(self) -> dict[str, torch.Tensor] | None:
         """Every rank takes part in gathering the shards; rank 0 returns the tensors (on CPU)."""
         params, _ = self.engine.get_per_tensor_param()
@@ -34,8 +34,8 @@ class PolicyWorker(TrainingWorker):
         return gathered if self.rank == 0 else None
 
 
-def weighted_sft_loss(config: Any, model_output: TensorDict, data: TensorDict,  # noqa: ANN401
-                      dp_group: object = None) -> tuple[torch.Tensor, dict[str, Any]]:
+def weighted_sft_loss(config: Any, model_output: TensorDict, data: TensorDict,  # noqa: ANN401, ARG001
+                      dp_group: object = None) -> tuple[torch.Tensor, dict[str, Any]]:  # noqa: ARG001 - veRL's API
     """Token-mean cross-entropy over policy tokens, each token weighted by ``loss_weights``.
 
     Observation and padding tokens have ``response_mask`` 0 and do not count; ABC-SFT's per-turn

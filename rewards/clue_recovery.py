@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from envs.chat_client import ChatClient, ChatMessage, clip_text
 from envs.protocol import (
     FINAL_ANSWER_INSTRUCTION,
     TurnKind,
@@ -27,7 +28,6 @@ from envs.protocol import (
 from envs.tasks import Clue, Task
 from envs.tools.base import JsonValue
 from envs.tools.toolbox import Toolbox
-from envs.chat_client import ChatClient, ChatMessage, clip_text
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def parse_clues(text: str) -> tuple[Clue, ...]:
     clues: list[Clue] = []
     for number, item in enumerate(items, start=1):
         if not isinstance(item, dict):
-            raise ValueError(f"clue {number} is not an object")  # noqa: TRY004 - bad model output, not a bug
+            raise ValueError(f"clue {number} is not an object")  # bad model output, not a bug
         statement = item.get("text")
         role = item.get("role")
         if not isinstance(statement, str) or not statement.strip():

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from envs.answers import answer_matches, normalize_answer
+from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, clip_text, json_object_in
 from envs.tasks import Clue, Task
 from envs.tools.toolbox import Toolbox
 from envs.toolset import ToolsConfig, build_toolbox
 from rewards.base import RewardPlugin
 from rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig
-from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, clip_text, json_object_in
 from rollout.trajectory import Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -291,15 +291,18 @@ def parse_step_labels(reply: str, clue_ids: set[str]) -> dict[int, list[str]] | 
     """``{turn index: events}`` from the judge's JSON; None when the reply holds no such JSON.
     Unknown event types and clue ids are dropped (the judge cannot invent clues)."""
     document = json_object_in(reply)
-    if document is None or not isinstance(document.get("turns"), list):
+    turns = document.get("turns") if document is not None else None
+    if not isinstance(turns, list):
         return None
     labels: dict[int, list[str]] = {}
-    for item in document["turns"]:
-        if not isinstance(item, dict) or isinstance(item.get("turn"), bool) \
-                or not isinstance(item.get("turn"), int) or not isinstance(item.get("events"), list):
+    for item in turns:
+        if not isinstance(item, dict):
             continue
-        events = labels.setdefault(item["turn"], [])
-        for event in item["events"]:
+        turn, item_events = item.get("turn"), item.get("events")
+        if isinstance(turn, bool) or not isinstance(turn, int) or not isinstance(item_events, list):
+            continue
+        events = labels.setdefault(turn, [])
+        for event in item_events:
             if not isinstance(event, dict) or event.get("type") not in _LLM_EVENTS:
                 continue
             if event["type"] == CANDIDATE_EXCLUDED:

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from envs.answers import answer_matches, normalize_answer
+from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage
 from envs.tasks import Task
 from rewards.base import RewardPlugin
 from rewards.format import DEFAULT_LAMBDA_FMT, final_turn_penalty
-from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage
 from rollout.trajectory import Trajectory
 
 MAX_JUDGE_TEMPERATURE = 0.1

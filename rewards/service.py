@@ -4,8 +4,9 @@ that hands complete groups to the learner.
 The rewards step of the asynchronous loop (docs/design.md §1). The driver puts each finished
 trajectory on the ``finished`` stream under an item id (``"<uid>/<sample>"`` by convention).
 :class:`RewardWorker` actors claim them as the consumer group ``reward``, run the configured
-plugins, put each scored trajectory on ``scored`` under the *same* item id, then ack. :class:`GroupCollector` claims ``scored`` as the group
-``learner`` and releases a group (all G samples of one ``uid``) only once every member is scored.
+plugins, put each scored trajectory on ``scored`` under the *same* item id, then ack.
+:class:`GroupCollector` claims ``scored`` as the group ``learner`` and releases a group (all G
+samples of one ``uid``) only once every member is scored.
 :class:`RewardService` starts the workers, keeps them running, and holds the collector::
 
     async with RewardService(store_config, [RewardSpec("exact_match"), RewardSpec("format")],
@@ -55,6 +56,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from envs.tasks import Task
 from rewards.apply import DEFAULT_SCORE_TIMEOUT_S, apply_rewards, mark_unscored
 from rewards.base import RewardSpec, build_reward, reward_options
+from rollout.episode import describe_error
 from rollout.store import (
     FINISHED,
     SCORED,
@@ -64,7 +66,6 @@ from rollout.store import (
     TrajectoryStore,
     build_store,
 )
-from rollout.episode import describe_error
 from rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
@@ -278,16 +279,16 @@ class RewardWorker:
             self._counts.scored += 1
             self._counts.rescored += int(item.deliveries > 1)
             return
-        source, error = failure
+        source, reason = failure
         self._counts.failures[source] = self._counts.failures.get(source, 0) + 1
         if item.deliveries < self.config.max_deliveries:
             log.warning("reward worker %s: %s failed on %r (delivery %d of %d): %s; it is retried "
                         "after reclaim_idle_ms=%d", self.name, source, item.id, item.deliveries,
-                        self.config.max_deliveries, error, self.config.reclaim_idle_ms)
+                        self.config.max_deliveries, reason, self.config.reclaim_idle_ms)
             return  # left unacked: a reclaim delivers it again
         log.error("reward worker %s: %s failed on %r on its last delivery (%d): %s; it goes to %r "
                   "unscored, with metadata['reward_error']", self.name, source, item.id,
-                  item.deliveries, error, SCORED)
+                  item.deliveries, reason, SCORED)
         mark_unscored(trajectory, Trajectory.from_json(item.payload), failure, item.deliveries)
         await self._store.put(SCORED, item.id, trajectory.to_json())
         await self._store.ack(FINISHED, REWARD_GROUP, [item.id], release=True)
@@ -436,7 +437,8 @@ class RewardService:
         await self._store.ready()
         actor = ray.remote(RewardWorker)
         names = [f"{self._prefix}-{i}" for i in range(self.config.workers)]
-        self.workers = [actor.options(name=name, num_cpus=self.config.worker_cpus,
+        # Ray types .remote() as ActorHandle | type[RewardWorker]; it is the handle.
+        self.workers = [actor.options(name=name, num_cpus=self.config.worker_cpus,  # type: ignore[misc]
                                       num_gpus=self.config.worker_gpus,
                                       max_restarts=self.config.worker_restarts, max_concurrency=1000)
                         .remote(name, self._store_config, self._rewards, self.config.worker, self._tasks)
@@ -483,7 +485,7 @@ class RewardService:
             if index in self._gone:
                 continue
             try:
-                counts = await asyncio.wait_for(worker.counts.remote(), self.config.start_timeout_s)
+                counts: WorkerCounts = await asyncio.wait_for(worker.counts.remote(), self.config.start_timeout_s)
             except (TimeoutError, *_DEAD):
                 continue  # restarting: its last counts stand
             for (seen_index, incarnation), earlier in self._seen.items():

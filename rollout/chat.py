@@ -75,7 +75,7 @@ class ChatFormat:
         """The ids of ``messages`` followed by the generation prompt of an assistant turn."""
         ids = self.tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=True,
                                                  add_generation_prompt=True, return_dict=False)
-        return [int(i) for i in ids]
+        return [int(i) for i in ids]  # type: ignore[arg-type]  # one conversation: a list of ids
 
     def delta_ids(self, content: str, response_ids: Sequence[int], role: str = "user") -> list[int]:
         """The ids that append a ``role`` message with ``content`` after the assistant turn
@@ -100,7 +100,8 @@ class ChatFormat:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text exactly as the ids spell it, special tokens included."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False,
+        # transformers types decode() as str | list[str]: one id list gives one str.
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False,  # type: ignore[return-value]
                                      clean_up_tokenization_spaces=False)
 
     def response_text(self, response_ids: Sequence[int]) -> str:

@@ -15,8 +15,9 @@ not leave room for a full turn, it asks :meth:`ContextManager.on_overflow` for a
   capped), with the last action and its observation so that the call is not wasted.
 
 Managers are chosen by name (``context.kind``) from :data:`CONTEXT_MANAGERS`; a new one registers
-with :func:`register_context_manager`, or is named by import path (``context.kind=mypkg.ctx:Mine``). An instance holds one episode's state: build one per episode
-with :func:`build_context_manager`, like an environment.
+with :func:`register_context_manager`, or is named by import path (``context.kind=mypkg.ctx:Mine``).
+An instance holds one episode's state: build one per episode with :func:`build_context_manager`,
+like an environment.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class ContextManager(abc.ABC):
         """What this manager carries between turns (JSON), for an episode checkpoint."""
         return {}
 
-    def restore(self, state: dict[str, object]) -> None:
+    def restore(self, state: dict[str, object]) -> None:  # noqa: B027 - nothing to restore by default
         """Continue from :meth:`snapshot`'s state (after ``start``)."""
 
     def on_overflow(self, exchange: Exchange) -> ContextPlan | None:

@@ -12,7 +12,8 @@ Per-turn cost does not grow with the episode: the context is one list extended i
 is a running count, and only new text (observation, one response) is ever tokenised or decoded.
 
 ``run_episode`` never raises once the episode runs (only a ``resume`` state of another episode is
-refused up front): not on what the policy writes, an engine failure, or a bug anywhere below it. Every way an episode ends is a :class:`~rollout.trajectory.StopReason` (``error`` with
+refused up front): not on what the policy writes, an engine failure, or a bug anywhere below it.
+Every way an episode ends is a :class:`~rollout.trajectory.StopReason` (``error`` with
 ``metadata["error"]`` for the unexpected), and the trajectory keeps the turns done so far.
 
 Checkpoints (:class:`Checkpointing`): every ``every`` turns the loop hands an :class:`EpisodeState`
@@ -29,6 +30,7 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from envs.env import Env, EnvConfig, StepResult, build_env
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, without_surrogates
@@ -103,8 +105,9 @@ class EpisodeState:
     overflowed: bool = False
 
     def to_json(self) -> JsonObject:
-        return {"trajectory": self.trajectory.to_json(), "env": self.env, "context": self.context,
-                "overflowed": self.overflowed}
+        # Both snapshots are JSON by the Env and ContextManager contracts, typed as plain dicts.
+        return {"trajectory": self.trajectory.to_json(), "env": cast("JsonObject", self.env),
+                "context": cast("JsonObject", self.context), "overflowed": self.overflowed}
 
     @classmethod
     def from_json(cls, record: object) -> EpisodeState:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypedDict, TypeVar
 
 import ray
 import torch
@@ -28,6 +29,7 @@ from rollout.engines.registry import build_engine
 
 log = logging.getLogger(__name__)
 _DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
+T = TypeVar("T")
 
 
 class EngineActor:
@@ -71,8 +73,17 @@ def engine_actor(config: EngineConfig, num_cpus: float = 1.0, num_gpus: float = 
     """Start one engine replica (not waited for: its ``ready()`` says when it serves)."""
     # vLLM logs every start-up step at INFO; a rollout's console should show progress, not that.
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
-    return ray.remote(EngineActor).options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=1000,
-                                           runtime_env={"env_vars": env}, name=name).remote(config)
+    # Ray types .remote() as ActorHandle | type[EngineActor]; it is the handle.
+    return ray.remote(EngineActor).options(  # type: ignore[return-value]
+        num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=1000, runtime_env={"env_vars": env},
+        name=name).remote(config)
+
+
+class _RouterState(TypedDict):
+    """What a pickled :class:`EngineRouter` carries."""
+
+    replicas: dict[int, ray.actor.ActorHandle]
+    wait: float
 
 
 class EngineRouter:
@@ -101,11 +112,11 @@ class EngineRouter:
         self._affinity: dict[str, int] = {}
         self.published: tuple[int, object] | None = None  # the last update: (version, its weights' object)
 
-    def __getstate__(self) -> dict[str, object]:
+    def __getstate__(self) -> _RouterState:
         return {"replicas": self._replicas, "wait": self.wait_for_replica_s}
 
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["replicas"], state["wait"])  # type: ignore[misc, arg-type]
+    def __setstate__(self, state: _RouterState) -> None:
+        type(self).__init__(self, state["replicas"], state["wait"])
 
     def set_replicas(self, replicas: Mapping[int, ray.actor.ActorHandle]) -> None:
         """The replicas to use from now on (requests already sent finish where they are)."""
@@ -177,9 +188,10 @@ class EngineRouter:
         await self._on_each_live(lambda replica: replica.update_weights.remote(version, ref))
 
     async def weights_version(self) -> int:
-        return min(await self._on_each_live(lambda replica: replica.weights_version.remote()))
+        versions: list[int] = await self._on_each_live(lambda replica: replica.weights_version.remote())
+        return min(versions)
 
-    async def _on_each_live(self, call: Callable[[ray.actor.ActorHandle], ray.ObjectRef]) -> list[object]:
+    async def _on_each_live(self, call: Callable[[ray.actor.ActorHandle], ray.ObjectRef[T]]) -> list[T]:
         """``call`` on every live replica at once; replicas found dead are marked and skipped."""
         live = [i for i in self._replicas if i not in self._dead]
         results = await asyncio.gather(*(call(self._replicas[i]) for i in live), return_exceptions=True)

@@ -28,6 +28,10 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from envs.tools.base import JsonObject
 
 PROTOCOL_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
                    "</tool_response>", "<answer>", "</answer>", "<report>", "</report>")
@@ -184,8 +188,8 @@ def _training_text(spec: TinyModelSpec) -> Iterator[str]:
 
     world = generate_world(WorldConfig(seed=spec.tokenizer_world_seed,
                                        entities=spec.tokenizer_world_entities))
-    schemas = [{"type": "function", "function": {"name": name, "description": f"the {name} tool"}}
-               for name in ("search", "visit")]
+    schemas: list[JsonObject] = [{"type": "function", "function": {"name": name, "description": f"the {name} tool"}}
+                                 for name in ("search", "visit")]
     yield system_prompt(schemas)
     for doc in world_documents(world, base_url="http://127.0.0.1:8765"):
         yield doc.text
@@ -209,11 +213,11 @@ def _init_model(spec: TinyModelSpec, tokenizer):  # noqa: ANN001, ANN202 - trans
         head_dim=spec.head_dim, max_position_embeddings=spec.max_position_embeddings,
         rope_theta=spec.rope_theta, tie_word_embeddings=True, eos_token_id=end_of_turn,
         pad_token_id=pad, bos_token_id=None, torch_dtype="float32",
-    )
+    )  # type: ignore[call-arg]  # rope_theta and torch_dtype: transformers still reads the old names
     if len(tokenizer) > spec.vocab_size:
         raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but vocab_size is {spec.vocab_size}")
     torch.manual_seed(spec.seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model = Qwen3ForCausalLM(config).to(torch.float32)  # type: ignore[arg-type]  # transformers' wrapped to()
     model.generation_config = GenerationConfig(eos_token_id=[end_of_turn, pad], pad_token_id=pad)
     return model
 

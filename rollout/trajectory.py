@@ -16,17 +16,19 @@ field path at fault.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from envs.protocol import StopReason
 from envs.tools.base import JsonObject, JsonValue
 
 SCHEMA_VERSION = 1
+T = TypeVar("T")
 
 
 @dataclass
@@ -105,7 +107,7 @@ class Trajectory:
 
     def to_json(self) -> JsonObject:
         record: JsonObject = {"schema": SCHEMA_VERSION}
-        record.update(asdict(self))  # type: ignore[arg-type]
+        record.update(asdict(self))
         record["stop_reason"] = self.stop_reason.value
         return record
 
@@ -252,7 +254,13 @@ def _turn(record: object, where: str) -> Turn:
     )
 
 
-_MISSING = object()
+class _Missing(enum.Enum):
+    """The default of a field that must be present."""
+
+    MISSING = enum.auto()
+
+
+_MISSING = _Missing.MISSING
 
 
 def _object(record: object, where: str) -> dict[str, JsonValue]:
@@ -269,8 +277,8 @@ def _known(obj: dict[str, JsonValue], cls: type, where: str, extra: set[str] | N
                               "(see docs/trajectory.md)")
 
 
-def _get(obj: dict[str, JsonValue], key: str, kind: type, where: str,
-         default: object = _MISSING):  # noqa: ANN202 - returns the checked value of type ``kind``
+def _get(obj: dict[str, JsonValue], key: str, kind: type[T], where: str,
+         default: T | _Missing = _MISSING) -> T:
     if key not in obj:
         if default is _MISSING:
             raise TrajectoryError(f"field '{where}.{key}' is missing")
@@ -283,7 +291,7 @@ def _get(obj: dict[str, JsonValue], key: str, kind: type, where: str,
     return value
 
 
-def _optional(obj: dict[str, JsonValue], key: str, kind: type, where: str):  # noqa: ANN202
+def _optional(obj: dict[str, JsonValue], key: str, kind: type[T], where: str) -> T | None:
     if obj.get(key) is None:
         return None
     return _get(obj, key, kind, where)

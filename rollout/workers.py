@@ -158,5 +158,6 @@ def worker_actor(spec: WorkerSpec, router: EngineRouter, concurrency: int, num_c
     ``ping()`` answers once it is built); Ray restarts it up to ``max_restarts`` times."""
     if concurrency < 1:
         raise ValueError("fleet.episodes_per_worker must be >= 1")
-    return ray.remote(RolloutWorker).options(num_cpus=num_cpus, max_concurrency=concurrency,
-                                             max_restarts=max_restarts, name=name).remote(spec, router)
+    # Ray types .remote() as ActorHandle | type[RolloutWorker]; it is the handle.
+    return ray.remote(RolloutWorker).options(  # type: ignore[return-value]
+        num_cpus=num_cpus, max_concurrency=concurrency, max_restarts=max_restarts, name=name).remote(spec, router)

@@ -41,11 +41,13 @@ class DrillCluster(AutoscalingCluster):
     provider's defaults, so the same provider class is named as an ``external`` one (whose
     defaults are built in)."""
 
-    def _generate_config(self, head_resources, worker_node_types, autoscaler_v2=False, **config_kwargs):  # noqa: ANN001, ANN202
+    def _generate_config(self, head_resources, worker_node_types, autoscaler_v2=False, **config_kwargs):  # noqa: ANN001, ANN003, ANN202
         config = {
             "cluster_name": "turnstile-drill", "max_workers": 3, "upscaling_speed": 1.0,
             "idle_timeout_minutes": 0.1, "head_node_type": "ray.head.default",
-            "provider": {"type": "external", "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider", "use_node_id_as_ip": True, "disable_node_updaters": True,
+            "provider": {"type": "external",
+                         "module": "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider",
+                         "use_node_id_as_ip": True, "disable_node_updaters": True,
                          "disable_launch_config_check": True, "launch_multiple": True,
                          "head_node_id": FAKE_HEAD_NODE_ID},
             "available_node_types": {**worker_node_types, "ray.head.default": {

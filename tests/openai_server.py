@@ -68,7 +68,7 @@ def chat_server(responder: Responder) -> Iterator[ChatServer]:
     log = ServerLog()
 
     class Handler(QuietHandler):
-        def do_POST(self) -> None:
+        def do_POST(self) -> None:  # noqa: N802
             if self.path.rstrip("/") != "/v1/chat/completions":
                 self.send_body(404, b'{"error": "not found"}', "application/json")
                 return

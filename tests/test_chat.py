@@ -91,7 +91,7 @@ def test_appended_ids_equal_the_template_of_the_whole_conversation(chat: ChatFor
     ids = appended_ids(chat, "Where?", turns)
     assert ids == template_ids(chat.tokenizer, conversation("Where?", turns))
     # The answer turn closes the episode: the segment is a prefix of the finished conversation.
-    answer_ids = chat.encode(ANSWER) + [chat.turn_end_id]
+    answer_ids = [*chat.encode(ANSWER), chat.turn_end_id]
     finished = [*conversation("Where?", turns), {"role": "assistant", "content": ANSWER}]
     full = template_ids(chat.tokenizer, finished, generation_prompt=False)
     assert full[: len(ids) + len(answer_ids)] == ids + answer_ids

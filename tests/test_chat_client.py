@@ -44,7 +44,7 @@ async def test_server_errors_are_retried_then_succeed() -> None:
 async def test_retries_are_capped() -> None:
     with chat_server(replies_in_order([], then=Reply("down", status=503))) as server:
         client = client_for(server.base_url, max_attempts=3)
-        with pytest.raises(ChatUnavailable, match="after 3 attempts.*http_503"):
+        with pytest.raises(ChatUnavailable, match=r"after 3 attempts.*http_503"):
             await client.complete(ask("x"))
         await client.aclose()
     assert server.log.count == 3 and client.stats.failures == 1
@@ -53,7 +53,7 @@ async def test_retries_are_capped() -> None:
 async def test_a_client_error_is_not_retried() -> None:
     with chat_server(replies_in_order([Reply("no such model", status=404)])) as server:
         client = client_for(server.base_url)
-        with pytest.raises(ChatUnavailable, match="answered 404.*client.model"):
+        with pytest.raises(ChatUnavailable, match=r"answered 404.*client.model"):
             await client.complete(ask("x"))
         await client.aclose()
     assert server.log.count == 1
@@ -83,7 +83,7 @@ async def test_concurrency_limit_is_honoured() -> None:
 
 
 async def test_the_same_request_is_sent_once() -> None:
-    with chat_server(lambda messages: Reply("same", delay_s=0.1)) as server:
+    with chat_server(lambda _messages: Reply("same", delay_s=0.1)) as server:
         client = client_for(server.base_url)
         first = await asyncio.gather(*(client.complete(ask("q")) for _ in range(5)))  # in flight
         again = await client.complete(ask("q"))  # cached
@@ -94,7 +94,7 @@ async def test_the_same_request_is_sent_once() -> None:
 
 
 def test_config_is_checked() -> None:
-    with pytest.raises(ValueError, match="client.model is empty"):
+    with pytest.raises(ValueError, match=r"client.model is empty"):
         ChatClient(ChatClientConfig())
     with pytest.raises(ValueError, match="max_attempts"):
         ChatClientConfig(max_attempts=0)

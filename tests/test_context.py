@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -49,7 +50,7 @@ class PageTool:
     """Returns a page of PAGE_WORDS words for any arguments."""
 
     description = "returns a page"
-    parameters: JsonObject = {"type": "object"}
+    parameters: ClassVar[JsonObject] = {"type": "object"}
 
     def __init__(self, name: str) -> None:
         self.name = name

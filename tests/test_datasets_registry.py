@@ -39,7 +39,8 @@ def test_builtin_kinds_are_registered() -> None:
 
 
 def test_unknown_kind_lists_known_kinds() -> None:
-    with pytest.raises(DatasetError, match=r"unknown dataset kind 'nope'; known: .*hotpotqa.*jsonl.*package.module:Name"):
+    with pytest.raises(DatasetError,
+                       match=r"unknown dataset kind 'nope'; known: .*hotpotqa.*jsonl.*package.module:Name"):
         load_tasks(DatasetConfig(kind="nope", path="x"))
 
 
@@ -79,7 +80,7 @@ def test_shards_cover_the_split_once(tasks_file: Path) -> None:
 
     train = ids(split="train", eval_fraction=0.3)
     parts = [ids(split="train", eval_fraction=0.3, shards=3, shard=i) for i in range(3)]
-    assert all(parts) and sorted(sum(parts, [])) == sorted(train)
+    assert all(parts) and sorted(i for part in parts for i in part) == sorted(train)
     assert parts[1] == train[1::3] and ids(shards=3, shard=2, limit=1) == [ids()[2]]
     for shard, shards in ((3, 3), (-1, 3), (0, 0)):
         with pytest.raises(DatasetError, match="shard"):

@@ -64,7 +64,7 @@ def run_all(dispatcher: Dispatcher) -> list[Trajectory]:
     return done
 
 
-def test_every_episode_runs_once_within_each_workers_capacity(ray_local: None) -> None:  # noqa: ARG001
+def test_every_episode_runs_once_within_each_workers_capacity(ray_local: None) -> None:
     workers = pool(2, per_worker=2)
     dispatcher = Dispatcher(workers, max_attempts=2)
     dispatcher.submit(episodes(10))
@@ -74,7 +74,7 @@ def test_every_episode_runs_once_within_each_workers_capacity(ray_local: None) -
     assert max(ray.get([w.most_at_once.remote() for w in workers.workers])) == 2
 
 
-def test_a_dead_workers_episode_runs_again_and_a_raising_one_is_recorded(ray_local: None) -> None:  # noqa: ARG001
+def test_a_dead_workers_episode_runs_again_and_a_raising_one_is_recorded(ray_local: None) -> None:
     workers = pool(2, per_worker=1)  # no restarts: the dying worker is gone for good
     dispatcher = Dispatcher(workers, max_attempts=2)
     dispatcher.submit([*episodes(1, "raise"), *episodes(3, first=1), *episodes(1, "die", first=4)])
@@ -87,7 +87,7 @@ def test_a_dead_workers_episode_runs_again_and_a_raising_one_is_recorded(ray_loc
     assert all(done[uid].stop_reason is StopReason.ANSWERED for uid in ("u1", "u2", "u3"))
 
 
-def test_with_no_worker_left_the_waiting_episodes_are_recorded_failed(ray_local: None) -> None:  # noqa: ARG001
+def test_with_no_worker_left_the_waiting_episodes_are_recorded_failed(ray_local: None) -> None:
     workers = pool(1, per_worker=1)
     dispatcher = Dispatcher(workers, max_attempts=3)
     dispatcher.submit([*episodes(1, "die"), *episodes(2, first=1)])
@@ -97,7 +97,7 @@ def test_with_no_worker_left_the_waiting_episodes_are_recorded_failed(ray_local:
     assert {t.metadata["error"] for t in done if t.uid != "u0"} == {"no rollout worker is left"}
 
 
-def test_dispatchers_on_one_pool_share_its_capacity(ray_local: None) -> None:  # noqa: ARG001
+def test_dispatchers_on_one_pool_share_its_capacity(ray_local: None) -> None:
     workers = pool(1, per_worker=3)
     training, evaluation = Dispatcher(workers, 2), Dispatcher(workers, 2)
     training.submit(episodes(2))

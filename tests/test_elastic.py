@@ -5,6 +5,7 @@ the settings are checked without Ray."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -47,11 +48,11 @@ def test_schedule_follows_finished_episodes_and_refuses_bad_steps() -> None:
     assert (policy.decide(view(finished=9)).engines, policy.decide(view(finished=10)).engines) == (1, 3)
     with pytest.raises(ValueError, match="exactly the keys"):
         build_policy(AutoscaleConfig(kind="schedule", options={"steps": [{"after": 0, "engines": 1}]}))
-    with pytest.raises(ValueError, match="needs options.steps"):
+    with pytest.raises(ValueError, match=r"needs options.steps"):
         build_policy(AutoscaleConfig(kind="schedule"))
     with pytest.raises(ValueError, match="unknown option 'target'"):
         build_policy(AutoscaleConfig(kind="target_load", options={"target": 3}))
-    with pytest.raises(ValueError, match="rollout.fleet.autoscale.kind"):
+    with pytest.raises(ValueError, match=r"rollout.fleet.autoscale.kind"):
         build_policy(AutoscaleConfig(kind="no_such_policy"))
 
 
@@ -79,7 +80,7 @@ def events_of(path: Path) -> list[dict[str, object]]:
 
 
 @pytest.mark.integration
-def test_the_fleet_grows_and_shrinks_mid_run_and_every_episode_runs_once(ray_local: None,  # noqa: ARG001
+def test_the_fleet_grows_and_shrinks_mid_run_and_every_episode_runs_once(ray_local: None,
                                                                          tmp_path: Path) -> None:
     # A user's policy, loaded by import path: two of each once running, one of each again later.
     cfg = sim_rollout("fleet.autoscale.enabled=true", "fleet.autoscale.kind=tests.user_plugins:GrowThenShrink",
@@ -105,7 +106,7 @@ def test_the_fleet_grows_and_shrinks_mid_run_and_every_episode_runs_once(ray_loc
 
 
 @pytest.mark.integration
-def test_a_dead_worker_is_replaced(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+def test_a_dead_worker_is_replaced(ray_local: None, tmp_path: Path) -> None:
     # The only worker, killed for good: its episodes wait (not failed) until the replacement answers.
     cfg = sim_rollout("fleet.worker_restarts=0")
     out = tmp_path / "replaced.jsonl"
@@ -135,7 +136,7 @@ def reference_log_probs(model: str, weights: dict[str, torch.Tensor], ids: list[
 
 
 @pytest.mark.integration
-async def test_a_replica_that_joins_or_replaces_serves_the_published_weights(ray_local: None,  # noqa: ARG001
+async def test_a_replica_that_joins_or_replaces_serves_the_published_weights(ray_local: None,
                                                                             tmp_path: Path) -> None:
     model = str(resolve_model(""))
     rollout = sim_rollout()
@@ -154,8 +155,8 @@ async def test_a_replica_that_joins_or_replaces_serves_the_published_weights(ray
         # Published while the fleet has one replica; the schedule then wants two.
         assert await fleet.publish(weights, 1, mode="inplace", checkpoint_dir=None) == 1
         deadline = time.monotonic() + 120
-        while fleet.view().engines < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        while fleet.view().engines < 2 and time.monotonic() < deadline:  # noqa: ASYNC110 - a thread grows it
+            await asyncio.sleep(0.2)
         assert fleet.view().engines == 2, fleet.events
         expected = reference_log_probs(model, weights, ids, start)
         joined = ray.get_actor(f"{name}-engine-1")
@@ -168,8 +169,8 @@ async def test_a_replica_that_joins_or_replaces_serves_the_published_weights(ray
         ray.kill(ray.get_actor(f"{name}-engine-0"), no_restart=True)
         deadline = time.monotonic() + 120
         while not any(e.member == "engine-2" and e.action == "ready" for e in fleet.events) \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
+                and time.monotonic() < deadline:  # noqa: ASYNC110 - the fleet's thread replaces it
+            await asyncio.sleep(0.2)
         replacement = ray.get_actor(f"{name}-engine-2")
         assert ray.get(replacement.weights_version.remote()) == 1
         served = ray.get(replacement.score.remote([ids], [(start, len(ids))]))[0]
@@ -186,7 +187,7 @@ def base_weights(model: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.integration
-def test_a_training_run_grows_and_shrinks_and_the_learner_gets_every_sample_once(ray_local: None,  # noqa: ARG001
+def test_a_training_run_grows_and_shrinks_and_the_learner_gets_every_sample_once(ray_local: None,
                                                                                  tmp_path: Path) -> None:
     from cluster.train import TrainJob, run_train
     from tests.test_train import EXAMPLE

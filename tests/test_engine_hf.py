@@ -73,7 +73,7 @@ def test_sampled_tokens_respect_top_k_and_report_raw_logprobs(seed: int, top_k: 
 
 
 def test_unknown_dtype_is_named() -> None:
-    with pytest.raises(ValueError, match="float8.*float32, bfloat16, float16"):
+    with pytest.raises(ValueError, match=r"float8.*float32, bfloat16, float16"):
         torch_dtype("float8")
 
 

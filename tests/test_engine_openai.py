@@ -34,11 +34,11 @@ def chat() -> ChatFormat:
 async def test_the_endpoint_gets_the_episodes_messages_and_each_sample_is_its_own_request(chat: ChatFormat) -> None:
     system, question = "You search and read.", "Who founded Acme?"
     ids = chat.prompt_ids([{"role": "system", "content": system}, {"role": "user", "content": question}])
-    ids += chat.encode("<think>search</think>\n<tool_call>{}</tool_call>") + [chat.turn_end_id]
+    ids += [*chat.encode("<think>search</think>\n<tool_call>{}</tool_call>"), chat.turn_end_id]
     ids += chat.delta_ids("<tool_response>Acme was founded by Ada.</tool_response>", ids)
     replies = iter(["<think>read</think>\n<answer>Ada</answer>", "<think>again</think>\n<answer>Ada</answer>",
                     "a very long reply " * 40])
-    with chat_server(lambda messages: Reply(next(replies))) as server:
+    with chat_server(lambda _messages: Reply(next(replies))) as server:
         client = ChatClient(ChatClientConfig(base_url=server.base_url, model="api-model", api_key_env="",
                                              cache_entries=0))
         engine = OpenAIEngine(chat, client)
@@ -68,7 +68,7 @@ async def test_the_endpoint_gets_the_episodes_messages_and_each_sample_is_its_ow
 def test_a_prompt_the_template_did_not_write_is_refused(chat: ChatFormat) -> None:
     with pytest.raises(ValueError, match="no role's header"):
         prompt_messages(chat, {"user": chat.frame("user").prefix}, chat.encode("plain text<|im_end|>more"))
-    with pytest.raises(ValueError, match="options.model is empty"):
+    with pytest.raises(ValueError, match=r"options.model is empty"):
         OpenAIEngine.check_tasks(EngineConfig(kind="openai", options={"base_url": "http://127.0.0.1:9/v1"}), [])
 
 
@@ -89,7 +89,7 @@ def test_turnstile_eval_runs_an_api_model_through_the_environment(tmp_path: Path
             [str(Path(sys.executable).parent / "turnstile"), "eval", "--config", str(REPO / "examples" / "eval.yaml"),
              "--no-progress", bench, "k=2", f"out={tmp_path}", "rollout.engine.kind=openai",
              "rollout.engine.model=tiny-qwen3", f"rollout.engine.options={options}", "rollout.corpus.port=0",
-             "rollout.ray.num_cpus=2"], cwd=REPO, capture_output=True, text=True, timeout=500)
+             "rollout.ray.num_cpus=2"], cwd=REPO, capture_output=True, text=True, timeout=500, check=False)
         asked = server.log.count
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]

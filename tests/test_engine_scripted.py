@@ -155,9 +155,9 @@ def test_check_tasks_refuses_questions_outside_the_world(tasks: list[Task]) -> N
 
 def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Path) -> None:
     from cluster.rollout import check_servable
+    from envs.corpus import CorpusConfig
     from envs.corpus_server import PAGE_PREFIX
     from envs.datasets.registry import DatasetConfig, load_tasks
-    from envs.corpus import CorpusConfig
 
     corpus = CorpusConfig(kind="synthetic", base_url="http://127.0.0.1:9")
     prefix = corpus.base_url + PAGE_PREFIX
@@ -168,7 +168,7 @@ def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Pat
     with pytest.raises(ValueError, match=r"3 of 3 tasks have clue pages the corpus \(corpus.kind=synthetic\) "
                                          r"does not serve"):
         check_servable(hotpot, corpus, EngineConfig(kind="hf"))
-    with pytest.raises(ValueError, match="engine.kind=scripted"):
+    with pytest.raises(ValueError, match=r"engine.kind=scripted"):
         check_servable(hotpot, CorpusConfig(kind="none"), EngineConfig(kind="scripted"))
 
 

@@ -73,7 +73,7 @@ class Reference:
 
 def assert_close(got: Sequence[float], want: Sequence[float]) -> None:
     assert len(got) == len(want)
-    worst = max((abs(g - w) for g, w in zip(got, want)), default=0.0)
+    worst = max((abs(g - w) for g, w in zip(got, want, strict=True)), default=0.0)
     assert worst <= LOGPROB_TOLERANCE, f"max |vLLM - transformers| = {worst:.2e}"
 
 
@@ -189,10 +189,10 @@ async def test_max_new_tokens_gives_length(engine: VllmEngine) -> None:
 @pytest.mark.asyncio(loop_scope="session")
 async def test_score_matches_transformers_teacher_forcing(
         engine: VllmEngine, reference: Reference) -> None:
-    sequences = [PROMPT + [5, 6, 7, 8], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], PROMPT[:2]]
+    sequences = [[*PROMPT, 5, 6, 7, 8], [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], PROMPT[:2]]
     spans = [(len(PROMPT), len(PROMPT) + 4), (1, 11), (1, 2)]
     scored = await engine.score(sequences, spans)
-    for sequence, (start, end), got in zip(sequences, spans, scored):
+    for sequence, (start, end), got in zip(sequences, spans, scored, strict=True):
         assert_close(got, reference.logprobs(sequence, start, end))
     assert await engine.score([PROMPT], [(3, 3)]) == [[]]
     # a scored prefix that was cached by generation is still computed in full
@@ -208,7 +208,7 @@ async def test_many_concurrent_requests(engine: VllmEngine) -> None:
     prompts = [[100 + i, 7, 300 + 5 * i, 42] for i in range(24)]
     sequential = [await engine.generate(p, GREEDY) for p in prompts[:4]]
     concurrent = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
-    for one, batched in zip(sequential, concurrent):
+    for one, batched in zip(sequential, concurrent, strict=False):  # the first four
         assert batched.token_ids == one.token_ids
         assert batched.logprobs == pytest.approx(one.logprobs, abs=LOGPROB_TOLERANCE)
     assert all(len(g.token_ids) == 12 for g in concurrent)
@@ -259,7 +259,7 @@ async def test_update_weights_in_place(engine: VllmEngine, reference: Reference)
     # come from the old weights and the rest from the new ones, over a recomputed context.
     assert crossing.weights_version == 0 and len(crossing.token_ids) == 150
     crossing_old = reference.logprobs(crossing_ids, len(PROMPT), len(crossing_ids))
-    switch = next(i for i, (got, old) in enumerate(zip(crossing.logprobs, crossing_old))
+    switch = next(i for i, (got, old) in enumerate(zip(crossing.logprobs, crossing_old, strict=True))
                   if abs(got - old) > LOGPROB_TOLERANCE)
     assert 0 < switch < 150
     assert_close(crossing.logprobs[switch:], crossing_new[switch:])

@@ -9,8 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envs.env import EnvConfig, SearchBrowseEnv
-from envs.protocol import StopReason
-from envs.protocol import FINAL_ANSWER_INSTRUCTION, render_answer, render_tool_call
+from envs.protocol import FINAL_ANSWER_INSTRUCTION, StopReason, render_answer, render_tool_call
 from envs.tasks import Task
 from envs.tools.base import ToolError
 from envs.tools.toolbox import Toolbox, ToolboxConfig

@@ -134,7 +134,7 @@ async def test_bad_checkpoints_are_refused_by_name(chat: ChatFormat, tasks: list
     task, other = chain(tasks), chain(tasks, hops=4)
     _, states = await _saved_states(other, ContextPolicy(chat, other.question), toolbox, chat, "mono",
                                     every=2, max_turns=5)
-    with pytest.raises(ValueError, match="not .*task"):
+    with pytest.raises(ValueError, match=r"not .*task"):
         await _run(task, ContextPolicy(chat, task.question), toolbox, chat, "mono",
                    Checkpointing(resume=EpisodeState.from_json(states[0])))
     env = SearchBrowseEnv(task, toolbox)

@@ -17,9 +17,9 @@ import pytest
 
 from cluster.config import load_config
 from cluster.eval import BenchmarkConfig, EvalConfig, judge, result_row, run_synthesis, summarize_results
+from cluster.eval_metrics import pass_at_k
 from cluster.synthesis import SynthesisConfig
 from envs.chat_client import ChatClientConfig
-from cluster.eval_metrics import pass_at_k
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.protocol import StopReason
 from envs.tasks import Task
@@ -61,7 +61,7 @@ def _rows(out: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(600)
-def test_a_killed_eval_continues_and_every_sample_is_scored_once(tmp_path: Path, ray_local: None) -> None:  # noqa: ARG001
+def test_a_killed_eval_continues_and_every_sample_is_scored_once(tmp_path: Path, ray_local: None) -> None:
     out = tmp_path / "eval"
     first = _eval([*SLOW_EXPERT, f"out={out}"])
     deadline = time.monotonic() + 300
@@ -114,19 +114,20 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None
                             (["benchmarks.0.limit=3"], "a list is set whole"),
                             (["synthesis.enabled=true"], "synthesis.client.model is empty"),
                             (["synthesis.synthesizer=oracle"], "synthesis.synthesizer='oracle'"),
-                            (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: vibes}}]"], "judge.kind='vibes'"),
+                            (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: vibes}}]"],
+                             "judge.kind='vibes'"),
                             (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: f1, options: {beta: 2}}}]"],
                              "beta")):
         with pytest.raises(ValueError, match=words):
             load_config(EvalConfig, EXAMPLE, override)
     result = subprocess.run([TURNSTILE, "eval", "k=0", f"out={tmp_path}"], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2 and "k=0 must be >= 1" in result.stdout and "Traceback" not in result.stderr
 
 
 @pytest.mark.timeout(600)
 def test_an_encrypted_benchmark_leaves_no_decrypted_text_in_outputs_or_logs(tmp_path: Path, shared_data: Path,
-                                                                           ray_local: None) -> None:  # noqa: ARG001
+                                                                           ray_local: None) -> None:
     path = shared_data / "benchmarks" / "DeepSearch-2505.csv"
     tasks = load_tasks(DatasetConfig(kind="xbench", path=str(path), limit=3))
     out = tmp_path / "eval"

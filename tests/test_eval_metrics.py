@@ -42,7 +42,8 @@ def test_maj_at_k_votes_over_normalised_answers_and_splits_ties() -> None:
 
 
 def test_benchmark_scores_average_over_questions_with_an_interval_around_the_mean() -> None:
-    questions = [(["p", "p", "q", "q"], [True, True, False, False]), (["x", None, "y", "x"], [False, False, True, False])]
+    questions = [(["p", "p", "q", "q"], [True, True, False, False]),
+                 (["x", None, "y", "x"], [False, False, True, False])]
     scores = benchmark_scores(questions, 4)
     assert list(scores) == ["pass@1", "pass@2", "pass@3", "pass@4", "avg@4", "maj@4"]
     assert scores["pass@1"][0] == pytest.approx((0.5 + 0.25) / 2)

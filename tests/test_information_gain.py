@@ -107,7 +107,8 @@ def boundaries(trajectory: Trajectory, chat: ChatFormat) -> list[SegmentBoundari
 
 def worst_gap(left: Sequence[Sequence[float]], right: Sequence[Sequence[float]]) -> float:
     assert [len(row) for row in left] == [len(row) for row in right]
-    return max(abs(a - b) for l_row, r_row in zip(left, right) for a, b in zip(l_row, r_row))
+    return max(abs(a - b) for l_row, r_row in zip(left, right, strict=True)
+               for a, b in zip(l_row, r_row, strict=True))
 
 
 class CountingScorer:
@@ -150,7 +151,7 @@ async def test_cached_values_equal_per_prefix_on_a_real_trajectory(
     assert worst_gap(cached, naive) <= ATOL
     gold_len = len(chat.encode(mono.answers[0]))
     assert all(len(row) == gold_len for row in cached)
-    for value, row in zip(values, naive):  # v_s is the mean over the gold tokens only
+    for value, row in zip(values, naive, strict=True):  # v_s is the mean over the gold tokens only
         assert value == pytest.approx(sum(row) / len(row), abs=ATOL)
 
 
@@ -162,7 +163,7 @@ async def test_each_boundary_uses_its_own_segments_context(
     assert len(trajectory.segments) >= 3, [len(s.turns) for s in trajectory.segments]
     grouped = boundaries(trajectory, chat)
     assert [len(g.prefix_lens) for g in grouped] == [len(s.turns) for s in trajectory.segments]
-    for segment, group in zip(trajectory.segments, grouped):
+    for segment, group in zip(trajectory.segments, grouped, strict=True):
         flat = segment.flat_ids()
         for boundary, turn in enumerate(segment.turns):
             sequence = group.sequence(boundary)
@@ -373,7 +374,7 @@ def test_boundaries_go_packed_in_chunks_that_bound_the_mask_and_change_no_value(
 
 def test_flash_attention_is_refused_with_a_way_out() -> None:
     model = AutoModelForCausalLM.from_pretrained(ensure_default_model(), dtype=torch.float32)
-    model.config._attn_implementation = "flash_attention_2"  # noqa: SLF001 (what from_pretrained sets)
+    model.config._attn_implementation = "flash_attention_2"  # what from_pretrained sets
     with pytest.raises(ValueError, match="PerPrefixScorer"):
         HFInformationGainScorer(model)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import replace
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -47,7 +47,7 @@ def random_samples(count: int, seed: int = 0, weight: float = 1.0) -> list[Sampl
 
 
 @pytest.fixture(scope="module")
-def learner(ray_local: None) -> Iterator[Learner]:  # noqa: ARG001
+def learner(ray_local: None) -> Iterator[Learner]:
     learner = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-3,
                                     recompute_old_log_probs=True)).start()
     yield learner
@@ -55,19 +55,19 @@ def learner(ray_local: None) -> Iterator[Learner]:  # noqa: ARG001
 
 
 def test_config_errors_name_the_setting() -> None:
-    with pytest.raises(LearnerError, match="mini_batch=6 must be a multiple of learner.dp=4"):
+    with pytest.raises(LearnerError, match=r"mini_batch=6 must be a multiple of learner.dp=4"):
         LearnerConfig(dp=4, mini_batch=6)
     with pytest.raises(LearnerError, match="micro_batch=3 must divide"):
         LearnerConfig(dp=2, mini_batch=8, micro_batch=3)
-    with pytest.raises(LearnerError, match="learner.loss='ppo'"):
+    with pytest.raises(LearnerError, match=r"learner.loss='ppo'"):
         LearnerConfig(loss="ppo")
-    with pytest.raises(LearnerError, match="learner.threads must be >= 0"):
+    with pytest.raises(LearnerError, match=r"learner.threads must be >= 0"):
         LearnerConfig(threads=-1)
-    with pytest.raises(LearnerError, match="'Adamw' is not an optimiser of torch.optim"):
+    with pytest.raises(LearnerError, match=r"'Adamw' is not an optimiser of torch.optim"):
         LearnerConfig(optimizer="Adamw")
-    with pytest.raises(LearnerError, match="eps is not an argument of torch.optim.SGD"):
+    with pytest.raises(LearnerError, match=r"eps is not an argument of torch.optim.SGD"):
         LearnerConfig(optimizer="SGD", optimizer_options={"eps": 1e-3})
-    with pytest.raises(LearnerError, match="set lr with learner.lr"):
+    with pytest.raises(LearnerError, match=r"set lr with learner.lr"):
         LearnerConfig(optimizer_options={"lr": 1e-3})
     with pytest.raises(LearnerError, match="not started"):
         Learner(LearnerConfig()).full_weights()
@@ -205,11 +205,11 @@ def test_each_loss_has_its_own_clip_range_and_aggregation_unless_set() -> None:
     assert gspo.recompute_old_log_probs
     mine = LearnerConfig(loss="gspo", clip_ratio_low=0.1, recompute_old_log_probs=False).loss_settings()
     assert (mine.clip_ratio_low, mine.clip_ratio_high, mine.recompute_old_log_probs) == (0.1, 4e-4, False)
-    with pytest.raises(LearnerError, match="clip_ratio_high=-0.1 must be a number > 0"):
+    with pytest.raises(LearnerError, match=r"clip_ratio_high=-0.1 must be a number > 0"):
         LearnerConfig(clip_ratio_high=-0.1)
 
 
-def test_gspo_loss_with_kl_to_the_reference(ray_local: None) -> None:  # noqa: ARG001
+def test_gspo_loss_with_kl_to_the_reference(ray_local: None) -> None:
     """GSPO's sequence-level ratio, with its own clip range, aggregation and recomputed old
     log-probs (nothing set), and low_var_kl to a frozen reference, through veRL's ppo_loss."""
     gspo = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-2, loss="gspo", kl_coef=0.1,
@@ -260,7 +260,7 @@ def test_cpu_log_probs_match_verl_row_loop() -> None:
     torch.testing.assert_close(ours_grad, reference_grad, atol=1e-5, rtol=0)  # float32 rounding
 
 
-def test_optimizer_setting_reaches_the_update(ray_local: None) -> None:  # noqa: ARG001
+def test_optimizer_setting_reaches_the_update(ray_local: None) -> None:
     """``learner.optimizer`` and its options build veRL's optimiser: Adam's first step moves every
     weight with a gradient by the learning rate (its sign), plain SGD moves each by lr x gradient."""
     samples = random_samples(4, seed=8)

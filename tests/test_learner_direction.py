@@ -53,7 +53,7 @@ def policy_mean(values: torch.Tensor, samples: list[Sample]) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def learner(ray_local: None) -> Iterator[Learner]:  # noqa: ARG001
+def learner(ray_local: None) -> Iterator[Learner]:
     # One mini-batch per update: every token is scored before the optimiser step (ratio = mismatch).
     learner = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=3e-3, max_length=512)).start()
     yield learner
@@ -96,7 +96,7 @@ def test_the_reported_ratio_is_learner_over_rollout(learner: Learner) -> None:
 
 @pytest.mark.parametrize("mini_batch", [8, 4])
 def test_gspo_with_its_defaults_moves_each_sequence_the_way_its_advantage_says(
-        ray_local: None, mini_batch: int) -> None:  # noqa: ARG001
+        ray_local: None, mini_batch: int) -> None:
     """Round-level GSPO's loss (sequence ratio, its own clip range, recomputed old log-probs): in one
     mini-batch every sequence with +1 gains log-prob and every one with -1 loses it; over two
     mini-batches (the second one's ratios moved by the first update, mostly clipped) on average."""

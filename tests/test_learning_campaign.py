@@ -33,7 +33,7 @@ def test_recorded_runs_are_not_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyP
     record = tmp_path / "runs.json"
     record.write_text(json.dumps({"grpo": {"0": summary(0.10, 0.30)}}))
     trained: list[tuple[str, int]] = []
-    monkeypatch.setattr(learning, "train", lambda arm, seed, out, extra: trained.append((arm, seed)) or 0.0)
+    monkeypatch.setattr(learning, "train", lambda arm, seed, _out, _extra: trained.append((arm, seed)) or 0.0)
     monkeypatch.setattr(sys, "argv", ["learning.py", "--arms", "grpo", "--seeds", "2", "--out",
                                       str(tmp_path / "out"), "--record", str(record)])
     learning.main()

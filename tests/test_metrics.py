@@ -136,7 +136,7 @@ def test_learner_report_is_prefixed() -> None:
 
 def test_config_rejects_unknown_wandb_mode() -> None:
     assert load_config(MetricsConfig, overrides=["wandb_mode=offline"]).wandb_mode == "offline"
-    with pytest.raises(MetricsError, match="metrics.wandb_mode='cloud'"):
+    with pytest.raises(MetricsError, match=r"metrics.wandb_mode='cloud'"):
         MetricsConfig(wandb_mode="cloud")
 
 

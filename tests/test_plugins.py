@@ -68,7 +68,7 @@ def test_a_users_dataset_and_engine_by_import_path() -> None:
     vllm = EngineConfig(kind="vllm")
     vllm.vllm.weight_sync, vllm.vllm.checkpoint_dir = "checkpoint", "/ckpt"
     assert weight_sync(vllm) == ("checkpoint", "/ckpt")
-    with pytest.raises(ValueError, match="engine.kind 'tests.user_plugins:three_questions' names .* not an engine"):
+    with pytest.raises(ValueError, match=r"engine.kind 'tests.user_plugins:three_questions' names .* not an engine"):
         build_engine(EngineConfig(kind="tests.user_plugins:three_questions"))
 
 
@@ -83,11 +83,11 @@ def test_registry_names_registrations_entry_points_and_errors() -> None:
     assert registry.load("mine") is Mine
     assert {"mine", "exact_match"} <= set(registry.names())  # in process, and an installed entry point
     assert registry.load("exact_match").__name__ == "ExactMatch"
-    with pytest.raises(PluginError, match="widget 'mine' is already registered by .*Mine; choose another"):
+    with pytest.raises(PluginError, match=r"widget 'mine' is already registered by .*Mine; choose another"):
         registry.register("mine")(int)
     with pytest.raises(PluginError, match=r"unknown widget 'theirs'; known: .*mine.*package.module:Name"):
         registry.load("theirs")
-    with pytest.raises(PluginError, match="widget 'json:loads' names .* which is not a class"):
+    with pytest.raises(PluginError, match=r"widget 'json:loads' names .* which is not a class"):
         registry.load("json:loads")
 
 
@@ -106,5 +106,5 @@ def test_typed_options_refuse_what_they_do_not_know() -> None:
         typed_options(Options, {"rte": 1}, "widget 'w'")
     with pytest.raises(PluginError, match="widget 'w': bad value for option 'rate'"):
         typed_options(Options, {"rate": "fast"}, "widget 'w'")
-    with pytest.raises(PluginError, match="widget 'w': rate=-1.0 must be >= 0"):
+    with pytest.raises(PluginError, match=r"widget 'w': rate=-1.0 must be >= 0"):
         typed_options(Options, {"rate": -1}, "widget 'w'")

@@ -29,8 +29,9 @@ import pytest
 import pytest_asyncio
 import ray
 
-from rewards.apply import score_groups
 from envs.tasks import Task
+from envs.tools.toolbox import Toolbox
+from rewards.apply import score_groups
 from rewards.base import RewardError, RewardPlugin, RewardSpec
 from rewards.service import (
     LEARNER_GROUP,
@@ -42,6 +43,8 @@ from rewards.service import (
     RewardServiceConfig,
     RewardWorkerConfig,
 )
+from rollout.chat import ChatFormat
+from rollout.engines.scripted import ScriptedEngine
 from rollout.store import FINISHED, SCORED, StoreConfig, TrajectoryStore, build_store
 from rollout.trajectory import Trajectory
 from tests.test_episode import Stubborn, chain, episode
@@ -69,7 +72,7 @@ class GatedPlugin(RewardPlugin):
         self.config = config
 
     async def score(self, trajectory: Trajectory, task: Task) -> None:
-        while not Path(self.config.gate).exists():
+        while not Path(self.config.gate).exists():  # noqa: ASYNC110, ASYNC240 - another process writes the gate
             await asyncio.sleep(self.config.poll_s)
 
 
@@ -106,7 +109,7 @@ class Episodes:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def episodes(tasks, expert, toolbox, chat) -> Episodes:
+async def episodes(tasks: list[Task], expert: ScriptedEngine, toolbox: Toolbox, chat: ChatFormat) -> Episodes:
     task = chain(tasks, hops=2)
     good = [await episode(task, expert, toolbox, chat, sample=s) for s in (0, 1)]
     bad = await episode(task, Stubborn(chat), toolbox, chat, sample=2, max_turns=3)
@@ -402,9 +405,9 @@ async def test_collector_dedupes_and_recovers_after_a_driver_restart(store_confi
 # ---- configuration and what travels to the actors ------------------------------------------------
 
 def test_bad_settings_are_refused_with_their_name() -> None:
-    with pytest.raises(ValueError, match="reward.worker.concurrency"):
+    with pytest.raises(ValueError, match=r"reward.worker.concurrency"):
         RewardWorkerConfig(concurrency=0)
-    with pytest.raises(ValueError, match="reward.workers"):
+    with pytest.raises(ValueError, match=r"reward.workers"):
         RewardServiceConfig(workers=0)
     # Plugins are checked in the driver, before any store or actor exists.
     config = StoreConfig(kind="redis", url="redis://127.0.0.1:1/0")

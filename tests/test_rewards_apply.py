@@ -28,7 +28,7 @@ class Boom(RewardPlugin):
     def __init__(self, options: BoomOptions) -> None:
         self.options = options
 
-    async def score(self, trajectory: Trajectory, task: Task) -> None:  # noqa: ARG002
+    async def score(self, trajectory: Trajectory, task: Task) -> None:
         if trajectory.uid == self.options.fail_on:
             await asyncio.sleep(self.options.sleep_s)
             if not self.options.sleep_s:
@@ -41,9 +41,9 @@ TASKS = {f"t{i}": Task(id=f"t{i}", question=f"q{i}?", answers=("a",)) for i in r
 
 def rollout() -> list[Trajectory]:
     return [Trajectory(uid=f"g{i}", sample=s, task_id=f"t{i}", question=f"q{i}?", answers=["a"],
-                       segments=[Segment(prompt_ids=[1], turns=[Turn(index=0, response_ids=[2], response_logprobs=[-0.5],
-                                                                     weights_version=0, context_len=1, finish_reason="stop", action="answer", format_ok=True,
-                                                                     answer="a" if s else "b")])],
+                       segments=[Segment(prompt_ids=[1], turns=[Turn(
+                           index=0, response_ids=[2], response_logprobs=[-0.5], weights_version=0, context_len=1,
+                           finish_reason="stop", action="answer", format_ok=True, answer="a" if s else "b")])],
                        answer="a" if s else "b", stop_reason=StopReason.ANSWERED)
             for i in range(3) for s in range(2)]
 
@@ -66,7 +66,8 @@ def test_a_plugin_past_its_time_is_a_failure_not_a_hang() -> None:
     specs = [RewardSpec("exact_match"), RewardSpec("tests.test_rewards_apply:Boom", {"fail_on": "g2", "sleep_s": 30})]
     assert asyncio.run(score_groups(specs, trajectories, TASKS, timeout_s=0.2)) == 2
     late = [t for t in trajectories if t.uid == "g2"]
-    assert all("TimeoutError: no result within score_timeout_s=0.2" in t.metadata["reward_error"]["error"] for t in late)
+    assert all("TimeoutError: no result within score_timeout_s=0.2" in t.metadata["reward_error"]["error"]
+               for t in late)
 
 
 def test_turnstile_score_writes_an_unscored_group_and_credits_the_rest(tmp_path) -> None:  # noqa: ANN001
@@ -77,7 +78,8 @@ def test_turnstile_score_writes_an_unscored_group_and_credits_the_rest(tmp_path)
     source, out = tmp_path / "rollout.jsonl", tmp_path / "scored.jsonl"
     save_trajectories(rollout(), source)
     config = ScoreConfig(data=DatasetConfig(kind="tests.user_plugins:three_questions", path="t"),
-                         rewards=[RewardSpec("exact_match"), RewardSpec("tests.test_rewards_apply:Boom", {"fail_on": "g0"})],
+                         rewards=[RewardSpec("exact_match"),
+                                  RewardSpec("tests.test_rewards_apply:Boom", {"fail_on": "g0"})],
                          estimator=EstimatorEntry(name="grpo"))
     report = score_file(config, source, out)
     assert (report.trajectories, report.unscored) == (6, 2)  # (the file's tasks answer "0", "1", "2")

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from envs.chat_client import ChatClient, ChatClientConfig
 from envs.corpus_server import CorpusServer
 from envs.protocol import render_answer, render_tool_call
 from envs.synthetic.questions import QuestionConfig, generate_tasks
@@ -21,7 +22,6 @@ from envs.toolset import ToolsConfig, build_toolbox
 from rewards.base import RewardSpec, build_reward
 from rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig, ClueRecoveryError, parse_clues
 from rewards.clues import ClueMatcher, ClueSteps, ClueStepsConfig, heuristic_events, step_score
-from envs.chat_client import ChatClient, ChatClientConfig
 from rollout.chat import ChatFormat
 from rollout.engines.scripted import ScriptedEngine
 from rollout.model_store import ensure_default_model

@@ -138,7 +138,7 @@ def test_builtin_plugins_are_declared_as_entry_points() -> None:
 
 
 def test_unknown_kinds_say_what_to_do() -> None:
-    with pytest.raises(RewardError, match="unknown reward kind 'no_such_reward'; known: .*exact_match"):
+    with pytest.raises(RewardError, match=r"unknown reward kind 'no_such_reward'; known: .*exact_match"):
         resolve_reward("no_such_reward")
     with pytest.raises(RewardError, match="cannot load 'Nope'"):
         resolve_reward("rewards.outcome:Nope")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rewards.base import RewardError, RewardSpec, build_reward
 from envs.chat_client import ChatClientConfig
+from rewards.base import RewardError, RewardSpec, build_reward
 from rewards.outcome import (
     ExactMatch,
     LlmJudge,
@@ -128,10 +128,10 @@ async def test_format_rule_comes_before_the_judge() -> None:
 
 
 def test_judge_temperature_is_capped() -> None:
-    with pytest.raises(RewardError, match="temperature=0.5 is above 0.1"):
+    with pytest.raises(RewardError, match=r"temperature=0.5 is above 0.1"):
         build_reward(RewardSpec("rewards.outcome:LlmJudge", {"client": {"model": "m",
                                                                          "temperature": 0.5}}))
-    with pytest.raises(ValueError, match="above 0.1"):
+    with pytest.raises(ValueError, match=r"above 0.1"):
         LlmJudgeConfig(client=ChatClientConfig(model="m", temperature=0.2))
 
 

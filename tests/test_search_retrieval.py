@@ -6,6 +6,7 @@ import json
 import pickle
 import time
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -34,7 +35,7 @@ ANSWERS: dict[str, object] = {
 
 
 class RetrievalHandler(QuietHandler):
-    requests: list[tuple[str, object]] = []
+    requests: ClassVar[list[tuple[str, object]]] = []
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -7,6 +7,7 @@ import pickle
 import socket
 import time
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -28,7 +29,7 @@ ORGANIC = [
 class SerperHandler(QuietHandler):
     """Answers by query: the query text picks the behaviour under test."""
 
-    requests: list[tuple[dict[str, str], object]] = []
+    requests: ClassVar[list[tuple[dict[str, str], object]]] = []
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -161,7 +161,7 @@ def test_registry_lists_builtin_backends() -> None:
 
 
 def test_unknown_backend_names_the_choices() -> None:
-    with pytest.raises(ValueError, match="unknown search.backend 'bing'; known: local, retrieval, serper"):
+    with pytest.raises(ValueError, match=r"unknown search.backend 'bing'; known: local, retrieval, serper"):
         build_search_backend(SearchConfig(backend="bing"))
 
 
@@ -171,7 +171,8 @@ def test_a_users_backend_by_import_path() -> None:
 
 
 def test_registered_backend_is_built_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(search_tool.SEARCH_BACKENDS, "_registered", dict(search_tool.SEARCH_BACKENDS._registered))  # leave no test plugin behind
+    # leave no test plugin behind
+    monkeypatch.setattr(search_tool.SEARCH_BACKENDS, "_registered", dict(search_tool.SEARCH_BACKENDS._registered))
     backend = ScriptedBackend({})
 
     @register_search_backend("scripted-for-test")
@@ -180,7 +181,7 @@ def test_registered_backend_is_built_by_name(monkeypatch: pytest.MonkeyPatch) ->
 
     assert build_search_backend(SearchConfig(backend="scripted-for-test")) is backend
     with pytest.raises(ValueError, match="already registered"):
-        register_search_backend("scripted-for-test")(lambda cfg: backend)
+        register_search_backend("scripted-for-test")(lambda _cfg: backend)
 
 
 @pytest.mark.parametrize("name", search_backend_names())
@@ -198,7 +199,7 @@ async def test_every_registered_backend_builds_and_closes_twice(
 
 
 def test_local_backend_needs_a_corpus_or_documents() -> None:
-    with pytest.raises(ValueError, match="search.local.corpus"):
+    with pytest.raises(ValueError, match=r"search.local.corpus"):
         build_search_backend(SearchConfig())
 
 

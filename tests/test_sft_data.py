@@ -14,6 +14,7 @@ import pytest
 
 from cluster.commands import data as data_command
 from envs.answers import answer_matches
+from envs.chat_client import ChatClientConfig, ChatUnavailable
 from envs.protocol import (
     parse_turn,
     render_answer,
@@ -36,11 +37,11 @@ from learner.sft_data import (
     SCHEMA_MISMATCHES,
     SEARCH_NORMALISED,
     SEARCH_UNRECOGNISED,
-    Transcript,
     CleanConfig,
     Dropped,
     RawRow,
     StepCount,
+    Transcript,
     align,
     check_structure,
     clean_file,
@@ -53,7 +54,6 @@ from learner.sft_data import (
     schema_mismatch_lines,
     tool_set,
 )
-from envs.chat_client import ChatClientConfig, ChatUnavailable
 from tests.conftest import free_port
 from tests.openai_server import Reply, chat_server
 

@@ -47,8 +47,8 @@ NO_PERSISTENCE = ("--appendonly", "no", "--save", "")
 SNAPSHOTS_ONLY = ("--appendonly", "no", "--save", "3600 1")
 AOF_ALWAYS = ("--appendonly", "yes", "--appendfsync", "always", "--save", "")
 AOF_EVERYSEC = ("--appendonly", "yes", "--appendfsync", "everysec", "--save", "")
-PASSWORD = "s3cret-Pw-4711"  # noqa: S105 - a test server's password, looked for in every output
-PASSWORD_ENV = "TURNSTILE_TEST_REDIS_PASSWORD"  # noqa: S105 - the name of a variable
+PASSWORD = "s3cret-Pw-4711"  # a test server's password, looked for in every output
+PASSWORD_ENV = "TURNSTILE_TEST_REDIS_PASSWORD"
 
 
 @dataclass
@@ -352,7 +352,7 @@ async def test_no_message_holds_the_password(redis_server: Callable[..., RedisSe
 
 # ---- turnstile train -----------------------------------------------------------------------------
 
-class RayStarted(Exception):  # noqa: N818 - a marker, not an error
+class RayStarted(Exception):  # a marker, not an error
     """Raised in place of starting Ray: the run got past its checks."""
 
 

@@ -72,7 +72,7 @@ def test_js_fraction_is_a_minority(world: World) -> None:
 
 
 def test_too_many_hub_members_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="raise world.entities"):
+    with pytest.raises(ValueError, match=r"raise world.entities"):
         generate_world(WorldConfig(entities=300, hubs=10))
 
 

@@ -83,7 +83,7 @@ def test_duplicate_tool_names_rejected() -> None:
 
 
 def test_unknown_cache_backend_is_named() -> None:
-    with pytest.raises(ValueError, match="cache.backend='disk'"):
+    with pytest.raises(ValueError, match=r"cache.backend='disk'"):
         build_cache(CacheConfig(backend="disk"))
 
 

@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 from envs.corpus_server import CorpusServer
 from envs.datasets.hotpotqa import HotpotQA, read_hotpotqa
 from envs.env import EnvConfig, SearchBrowseEnv
-from envs.protocol import StopReason
-from envs.protocol import render_answer, render_tool_call
+from envs.protocol import StopReason, render_answer, render_tool_call
 from envs.tools.toolbox import Toolbox
 from envs.toolset import ToolsConfig, build_toolbox
 
@@ -70,7 +69,7 @@ TURNS = st.sampled_from([
     '<think>a</think>\n<tool_call>\n{"name": "search", "arguments": {"query": ["Shirley Temple"]}}\n</tool_call>',
     '<think>a</think>\n<tool_call>\n{"name": "search", "arguments": {"query": []}}\n</tool_call>',
     '<think>a</think>\n<tool_call>\n{"name": "visit", "arguments": {"url": "ftp://x", "goal": "g"}}\n</tool_call>',
-    '<think>a</think>\n<tool_call>\n{"name": "visit", "arguments": {"url": "http://10.0.0.1/", "goal": "g"}}\n</tool_call>',
+    '<think>a</think>\n<tool_call>\n{"name": "visit", "arguments": {"url": "http://10.0.0.1/", "goal": "g"}}\n</tool_call>',  # noqa: E501
     '<think>a</think>\n<tool_call>\n{"name": "visit", "arguments": {"goal": 5}}\n</tool_call>',
     '<think>a</think>\n<tool_call>\n{"name": "browse", "arguments": {}}\n</tool_call>',
     "<think>a</think><tool_call>{", "<answer>x</answer>", "", "<think>", "</think></think>",

@@ -65,7 +65,7 @@ def test_bad_settings_are_named() -> None:
         TrainJob(mode="turbo")
     with pytest.raises(ValueError, match="steps=0 must be >= 1"):
         TrainJob(steps=0)
-    with pytest.raises(TrainError, match="estimator.name: unknown estimator 'nope'"):
+    with pytest.raises(TrainError, match=r"estimator.name: unknown estimator 'nope'"):
         check(TrainJob(estimator=EstimatorEntry(name="nope")))
 
 
@@ -78,7 +78,7 @@ def test_the_example_is_the_embedded_default() -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(1200)  # two runs with their evaluations
-def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: Path,  # noqa: ARG001
+def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     job = load_config(TrainJob, EXAMPLE, [*SMALL, "eval_samples=2", f"out={tmp_path}"])
     state = run_train(job, progress=False)
@@ -148,7 +148,7 @@ def test_command_rejects_unknown_keys(capsys: pytest.CaptureFixture[str]) -> Non
 
 @pytest.mark.integration
 @pytest.mark.parametrize("store", ["memory", "redis"])
-def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str, tmp_path: Path,  # noqa: ARG001
+def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str, tmp_path: Path,
                                                 store: str, capsys: pytest.CaptureFixture[str]) -> None:
     overrides = [*SMALL, "mode=async", "staleness=1", "steps=3", "eval_every=0", f"out={tmp_path}",
                  f"store.kind={store}", f"store.namespace=t{tmp_path.name}",
@@ -180,7 +180,7 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
 
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_failed_and_hostile_episodes_are_counted_not_fatal(ray_local: None, tmp_path: Path,  # noqa: ARG001
+def test_failed_and_hostile_episodes_are_counted_not_fatal(ray_local: None, tmp_path: Path,
                                                           mode: str) -> None:
     # Sample 0 of every group fails on its first turn (an empty engine_error sample); sample 1 writes
     # a hostile turn (nesting, a surrogate, an unclosed call). The run trains on the rest.
@@ -200,7 +200,7 @@ def test_failed_and_hostile_episodes_are_counted_not_fatal(ray_local: None, tmp_
 
 
 @pytest.mark.integration
-def test_a_second_env_trains_unchanged(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+def test_a_second_env_trains_unchanged(ray_local: None, tmp_path: Path) -> None:
     # The calculator environment (examples/train_calculator.yaml) through the same driver, rewards and
     # learner; the policy is a user's scripted engine, right in sample 0 and off by one in sample 1,
     # so every group has signal and the learner updates the model on it.
@@ -217,7 +217,7 @@ def test_a_second_env_trains_unchanged(ray_local: None, tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_a_step_in_which_every_episode_fails_stops_the_run(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+def test_a_step_in_which_every_episode_fails_stops_the_run(ray_local: None, tmp_path: Path) -> None:
     job = load_config(TrainJob, EXAMPLE, [*SMALL, "steps=1", "eval_every=0",
                                           "rollout.engine.kind=tests.hostile:FailingEngine", f"out={tmp_path}"])
     with pytest.raises(TrainError, match="every episode of step 1 failed; the first said: the engine failed "
@@ -226,7 +226,7 @@ def test_a_step_in_which_every_episode_fails_stops_the_run(ray_local: None, tmp_
 
 
 @pytest.mark.integration
-def test_tasks_the_engine_cannot_serve_are_refused_at_start(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+def test_tasks_the_engine_cannot_serve_are_refused_at_start(ray_local: None, tmp_path: Path) -> None:
     # The corpus and the expert know the world of seed 0 only: seed 3's questions (their clue pages
     # absent from the corpus) are refused before any actor starts.
     job = load_config(TrainJob, EXAMPLE, [*SMALL, "rollout.engine.kind=scripted", "rollout.data.seed=3",

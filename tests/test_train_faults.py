@@ -5,7 +5,8 @@ One run per store kills a rollout worker, an engine replica and a reward worker 
 a node failure or an OOM kill would (``ray.kill`` of the named actor; Ray restarts rollout and reward
 workers, the fleet replaces a dead engine replica), and counts: the run finishes its steps, and every
 task whose group reached the learner has its G samples exactly once. (The three faults share a run
-to keep the suite's training pipelines few; each has its own assertions.) Killing the driver and resuming is in ``test_train_resume.py``.
+to keep the suite's training pipelines few; each has its own assertions.)
+Killing the driver and resuming is in ``test_train_resume.py``.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def assert_exactly_once(out: Path) -> list[Trajectory]:
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
-def test_killed_worker_replica_and_reward_worker_lose_nothing(ray_local: None, redis_url: str,  # noqa: ARG001
+def test_killed_worker_replica_and_reward_worker_lose_nothing(ray_local: None, redis_url: str,
                                                               tmp_path: Path, store: str) -> None:
     """Three independent faults in one run (each would end a run that did not handle it): a rollout
     worker killed while it runs an episode that has saved a checkpoint, an engine replica killed
@@ -135,7 +136,7 @@ def test_killed_worker_replica_and_reward_worker_lose_nothing(ray_local: None, r
     assert ready and ready[0]["reason"].startswith("serves weights version"), events
 
 
-def test_tool_failures_at_30_percent_every_episode_completes(ray_local: None, redis_url: str,  # noqa: ARG001
+def test_tool_failures_at_30_percent_every_episode_completes(ray_local: None, redis_url: str,
                                                              tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     # The random tiny model rarely writes a valid call, so the scripted expert drives the rollout

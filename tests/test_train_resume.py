@@ -41,7 +41,7 @@ def steps_done(out: Path) -> int:
 
 
 @pytest.mark.parametrize(("mode", "store"), [("sync", "memory"), ("async", "memory"), ("async", "redis")])
-def test_killed_driver_resumes_without_repeating_or_skipping(ray_local: None, redis_url: str,  # noqa: ARG001
+def test_killed_driver_resumes_without_repeating_or_skipping(ray_local: None, redis_url: str,
                                                              tmp_path: Path, mode: str, store: str) -> None:
     out = tmp_path / "run"
     args = ["--config", str(EXAMPLE), "--no-progress", *SMALL, f"mode={mode}", f"steps={STEPS}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 import pytest
@@ -32,7 +33,7 @@ for (let i = 0; i < 5; i++) {{
 
 
 class Secret(QuietHandler):
-    hits: list[str] = []
+    hits: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:  # noqa: N802
         type(self).hits.append(self.path)

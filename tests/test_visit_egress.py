@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
 
-from envs.visit.egress import (FAILED_HEADER, REFUSED_HEADER, EgressConfig, EgressProxy, authority,
-                               url_authority)
+from envs.visit.egress import FAILED_HEADER, REFUSED_HEADER, EgressConfig, EgressProxy, authority, url_authority
 from envs.visit.guard import GuardConfig, Resolver, SsrfGuard
 from tests.loopback import AcceptCounter, QuietHandler, count_accepts, serve
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 
 class Site(QuietHandler):
-    seen: list[tuple[str, str, dict[str, str], bytes]] = []
+    seen: ClassVar[list[tuple[str, str, dict[str, str], bytes]]] = []
 
     def do_GET(self) -> None:  # noqa: N802
         type(self).seen.append(("GET", self.path, dict(self.headers), b""))

@@ -13,7 +13,6 @@ from http.server import ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import pytest
-
 from playwright.async_api import Error as PlaywrightError
 
 from envs.tools.base import ToolError
@@ -258,7 +257,7 @@ async def test_allowed_websocket_goes_through_the_tunnel() -> None:
 async def test_a_context_without_the_proxy_reaches_nothing(
         renderer: BrowserRenderer, site: str, refused: AcceptCounter) -> None:
     """Defence in depth: the launch-level proxy does not resolve, nor does any name or address."""
-    browser = await renderer._browser_now()  # noqa: SLF001 - the browser the renders share
+    browser = await renderer._browser_now()  # the browser the renders share
     context = await browser.new_context()
     try:
         page = await context.new_page()

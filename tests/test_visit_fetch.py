@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 import pytest
@@ -25,7 +26,7 @@ ARTICLE = b"<html><body><article><p>" + b"The quick brown fox jumps. " * 20 + b"
 class Site(QuietHandler):
     """Paths: /page, /redirect?to=URL, /loop, /chain/N, /big, /slow, /trickle, /status/N, /pdf, /cp1251."""
 
-    hits: list[str] = []
+    hits: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         type(self).hits.append(self.path)
@@ -72,7 +73,7 @@ class Site(QuietHandler):
 
 
 class Counter(QuietHandler):
-    hits: list[str] = []
+    hits: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:  # noqa: N802
         type(self).hits.append(self.path)

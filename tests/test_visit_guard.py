@@ -7,12 +7,12 @@ import ipaddress
 import pytest
 
 from envs.tools.base import ToolError
-from envs.visit.guard import GuardConfig, SsrfGuard, blocked_reason, parse_ipv4_literal
+from envs.visit.guard import GuardConfig, Resolver, SsrfGuard, blocked_reason, parse_ipv4_literal
 
 PUBLIC = "93.184.216.34"
 
 
-def fake_resolver(table: dict[str, list[str]]):
+def fake_resolver(table: dict[str, list[str]]) -> Resolver:
     calls: list[str] = []
 
     async def resolve(host: str, port: int) -> list[str]:
@@ -131,5 +131,5 @@ async def test_allow_list_host_port_cidr_and_name() -> None:
 
 
 def test_bad_allow_list_entry_names_the_entry() -> None:
-    with pytest.raises(ValueError, match="10.0.0.0/99"):
+    with pytest.raises(ValueError, match=r"10.0.0.0/99"):
         SsrfGuard(GuardConfig(allow_hosts=["10.0.0.0/99"]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -20,8 +21,8 @@ GOOD = {"rational": "the page names the cape", "evidence": "42 ships passed the 
 class ChatServer(QuietHandler):
     """Answers each POST with the next scripted (status, content) and records the requests."""
 
-    script: list[tuple[int, str]] = []
-    requests: list[dict[str, object]] = []
+    script: ClassVar[list[tuple[int, str]]] = []
+    requests: ClassVar[list[dict[str, object]]] = []
 
     def do_POST(self) -> None:  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -113,13 +114,13 @@ def test_parse_reply_variants() -> None:
 
 
 def test_enabled_without_model_is_an_error() -> None:
-    with pytest.raises(ValueError, match="visit.extractor.model"):
+    with pytest.raises(ValueError, match=r"visit.extractor.model"):
         LlmExtractor(ExtractorConfig(enabled=True))
 
 
 def test_retries_that_cannot_fit_the_toolbox_timeout_are_refused() -> None:
-    from envs.toolset import ToolsConfig, build_toolbox
     from envs.tools.toolbox import ToolboxConfig
+    from envs.toolset import ToolsConfig, build_toolbox
     from envs.visit.tool import VisitConfig
 
     slow = ExtractorConfig(enabled=True, model="m", timeout_s=40.0, max_attempts=2, backoff_s=1.0)

@@ -37,13 +37,13 @@ from rollout.model_store import (
 
 def test_question_options_are_checked() -> None:
     assert question_config({"min_hops": 0, "max_hops": 1}).max_hops == 1
-    with pytest.raises(DatasetError, match="unknown option 'hops'.*min_hops"):
+    with pytest.raises(DatasetError, match=r"unknown option 'hops'.*min_hops"):
         question_config({"hops": 2})
     with pytest.raises(DatasetError, match="bad value for option 'max_hops'"):
         question_config({"max_hops": "two"})
     with pytest.raises(DatasetError, match="option 'seed' is set by the dataset config"):
         question_config({"seed": 3})
-    with pytest.raises(DatasetError, match="min_hops must be >= 0 and <= questions.max_hops"):
+    with pytest.raises(DatasetError, match=r"min_hops must be >= 0 and <= questions.max_hops"):
         question_config({"min_hops": 3, "max_hops": 1})
 
 
@@ -82,7 +82,7 @@ def test_committed_models_need_out(name: str, capsys: pytest.CaptureFixture[str]
 
 
 @pytest.mark.integration
-def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from cluster.warm_start import build_warm_model
@@ -158,7 +158,7 @@ def test_the_committed_models_say_what_they_are(name: str) -> None:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("name", COMMITTED_MODELS)
-def test_the_committed_models_rebuild(name: str, ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+def test_the_committed_models_rebuild(name: str, ray_local: None, tmp_path: Path) -> None:
     """The CI-sized rebuild: the expert's first 40 training tasks give the committed data's first
     sequences (same digest) and the first steps of each stage give the recorded losses (within 1e-3:
     float sums differ between CPUs and thread counts)."""
@@ -177,7 +177,7 @@ def test_the_committed_models_rebuild(name: str, ray_local: None, tmp_path: Path
 
 @pytest.mark.integration
 def test_the_models_read_the_answer_off_the_page_and_the_warm_start_sometimes_does_not_open_it(
-        ray_local: None, tmp_path: Path) -> None:  # noqa: ARG001
+        ray_local: None, tmp_path: Path) -> None:
     """What the models are for, teacher-forced on held-out expert trajectories: tiny-qwen3-sft
     predicts the answer's tokens whole where the random model predicts none; and after the search
     listing, the warm start begins the hasty agent's turn ("I answer from the search listing")
@@ -227,8 +227,9 @@ def answer_predicted_whole(model: torch.nn.Module, ids: list[int], open_tag: int
 def test_a_killed_build_continues_from_its_checkpoint(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """SFT killed after its second step's checkpoint, run again: the same weights as one run through
     (the model, the optimiser, the schedule, the data order and both random streams are restored)."""
-    import cluster.warm_start as warm
     from safetensors.torch import load_file
+
+    import cluster.warm_start as warm
 
     monkeypatch.setattr(warm, "CHECKPOINT_EVERY", 2)
     rng = torch.Generator().manual_seed(0)

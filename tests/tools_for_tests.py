@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from envs.search.base import Document
 from envs.search.tool import SearchConfig, SearchTool
@@ -20,7 +21,7 @@ class EchoTool:
     """Returns its 'text' argument; counts calls."""
 
     description = "echo the text back"
-    parameters: JsonObject = {"type": "object", "properties": {"text": {"type": "string"}}}
+    parameters: ClassVar[JsonObject] = {"type": "object", "properties": {"text": {"type": "string"}}}
 
     def __init__(self, name: str = "search") -> None:
         self.name = name
@@ -76,7 +77,7 @@ class MemoryVisit:
 
     name = "visit"
     description = "Visit a page."
-    parameters: JsonObject = {"type": "object"}
+    parameters: ClassVar[JsonObject] = {"type": "object"}
 
     def __init__(self, documents: Sequence[Document], extract: bool = False) -> None:
         self._by_url = {doc.url: doc for doc in documents}

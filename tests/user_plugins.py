@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -11,11 +12,11 @@ from typing import ClassVar
 
 from cluster.autoscale import FleetView, Want
 from envs.datasets.registry import DatasetConfig
-from envs.plugins import typed_options
 from envs.env import Env, EnvConfig, Message, StepInfo, StepResult
+from envs.plugins import typed_options
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, StopReason, TurnKind, parse_turn
-from envs.tasks import Task
 from envs.search.base import SearchHit
+from envs.tasks import Task
 from envs.tools.toolbox import Toolbox
 from learner.credit.records import Group, TurnCredit
 from learner.credit.registry import CreditResult, Estimator
@@ -59,7 +60,7 @@ class AnswerLength(RewardPlugin):
     def __init__(self, options: LengthOptions) -> None:
         self.options = options
 
-    async def score(self, trajectory: Trajectory, task: Task) -> None:  # noqa: ARG002
+    async def score(self, trajectory: Trajectory, task: Task) -> None:
         trajectory.outcome = len(trajectory.answer or "") * self.options.per_char
 
 
@@ -94,7 +95,7 @@ class GuessEnv(Env):
     higher, lower or right; the episode ends with ``<answer>``. Written on the bare :class:`Env`
     contract (not on ``ProtocolEnv``), to show the contract is all the episode loop needs."""
 
-    def __init__(self, task: Task, toolbox: Toolbox, config: EnvConfig) -> None:  # noqa: ARG002
+    def __init__(self, task: Task, toolbox: Toolbox, config: EnvConfig) -> None:
         self.task, self.config = task, config
         self.turn, self.final_next, self.started, self.done = 0, False, False, False
 
@@ -155,7 +156,7 @@ class CalculatorExpert(ScriptedEngine):
         return engine  # type: ignore[return-value]
 
     @classmethod
-    def check_tasks(cls, config: EngineConfig, questions: Sequence[str]) -> None:  # noqa: ARG003
+    def check_tasks(cls, config: EngineConfig, questions: Sequence[str]) -> None:
         return None  # any arithmetic question
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
@@ -164,7 +165,7 @@ class CalculatorExpert(ScriptedEngine):
         asked = re.match(r"What is (.+)\?", last)
         result = re.search(r"= (-?[0-9.]+)", last)
         if asked:
-            call = '{"name": "calculate", "arguments": {"expression": "%s"}}' % asked.group(1)
+            call = json.dumps({"name": "calculate", "arguments": {"expression": asked.group(1)}})
             text = f"<think>\nlet me compute it\n</think>\n<tool_call>\n{call}\n</tool_call>"
         else:
             value = int(float(result.group(1))) if result else 0
@@ -191,21 +192,21 @@ class PolicyScore(RewardPlugin):
     def __init__(self, options: PolicyScoreOptions) -> None:
         self.options = options
 
-    async def score(self, trajectory: Trajectory, task: Task) -> None:  # noqa: ARG002
+    async def score(self, trajectory: Trajectory, task: Task) -> None:
         trajectory.outcome = 0.0
 
 
 class OnePageSearch:
     """A search backend that always finds the same page."""
 
-    async def search(self, query: str, top_k: int) -> list[SearchHit]:  # noqa: ARG002
+    async def search(self, query: str, top_k: int) -> list[SearchHit]:
         return [SearchHit(title="The page", url="http://127.0.0.1:9/page", snippet=f"about {query}")][:top_k]
 
     async def aclose(self) -> None:
         return None
 
 
-def one_page_search(config: object) -> OnePageSearch:  # noqa: ARG001 - a search backend factory
+def one_page_search(config: object) -> OnePageSearch:  # a search backend factory
     return OnePageSearch()
 
 

@@ -88,7 +88,7 @@ def configured_estimator(name: str, options: Sequence[str]) -> Estimator:
                               f"{', '.join(known) or '(none)'}")
     cls = estimator_class(name)
     try:
-        config = load_config(cls.Options, None, options)
+        config: object = load_config(cls.Options, None, options)
     except ValueError as error:  # ConfigError from the merge, or a range check of the options
         raise ConfigError(str(error).splitlines()[0]) from None
     return build_estimator(name, config)

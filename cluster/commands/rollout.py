@@ -12,7 +12,6 @@ from pathlib import Path
 
 from cluster.logs import add_verbose_argument, console_logging
 
-
 NAME = "rollout"
 HELP = "Roll out G samples per task on Ray and write trajectories (JSONL) with a summary."
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-
 NAME = "score"
 HELP = "Score saved trajectories with the configured reward plugins and assign credit."
 

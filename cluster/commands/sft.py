@@ -16,7 +16,6 @@ from pathlib import Path
 
 from cluster.logs import add_verbose_argument, console_logging, worker_logs
 
-
 NAME = "sft"
 HELP = "Supervised fine-tuning on trajectories or chat rows, with evaluation before and after."
 

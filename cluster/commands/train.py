@@ -12,7 +12,6 @@ from pathlib import Path
 
 from cluster.logs import add_verbose_argument, console_logging, worker_logs
 
-
 NAME = "train"
 HELP = "Train the policy: rollouts, rewards, credit, veRL updates and weight publishing, step by step."
 

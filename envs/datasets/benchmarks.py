@@ -56,7 +56,7 @@ def xor_cipher(data: bytes, key: bytes) -> bytes:
     if not key:
         raise ValueError("the XOR key is empty")
     repeated = key * (len(data) // len(key) + 1)
-    return bytes(a ^ b for a, b in zip(data, repeated))
+    return bytes(a ^ b for a, b in zip(data, repeated, strict=False))
 
 
 def encrypt_text(plaintext: str, key: bytes) -> str:

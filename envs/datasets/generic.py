@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeGuard
 
 from envs.tasks import Clue, Task
 from envs.tools.base import JsonValue
@@ -71,7 +72,7 @@ def load_parquet(path: str | Path, field_map: Mapping[str, str] | None = None) -
         raise DatasetError(f"{path}: no such file; check the dataset path")
     try:
         table = pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several unrelated types for unreadable files
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several unrelated types for unreadable files
         raise DatasetError(f"{path}: not a readable parquet file ({exc})") from None
     renamed = {field_map.get(name, name) if field_map else name for name in table.column_names}
     for required in ("question", "answers"):
@@ -179,7 +180,11 @@ def _clues(value: JsonValue, task_id: str, where: str) -> tuple[Clue, ...] | Non
 def _strings(value: JsonValue, at: str) -> tuple[str, ...]:
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+    if not _is_strings(value):
         raise DatasetError(f"{at} must be a list of strings")
     return tuple(value)
+
+
+def _is_strings(value: JsonValue) -> TypeGuard[list[str]]:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 

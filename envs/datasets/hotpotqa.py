@@ -213,8 +213,8 @@ def _hops(record: dict[str, JsonValue], raw: list[JsonValue], parsed: list[_Para
     if not isinstance(decomposition, list) or not decomposition:
         raise DatasetError(f"{at}: field 'question_decomposition' must be a non-empty list of hops")
     by_idx: dict[object, _Paragraph] = {}
-    for position, (item, paragraph) in enumerate(zip(raw, parsed, strict=True)):
-        by_idx[item.get("idx", position) if isinstance(item, dict) else position] = paragraph
+    for position, (item, parsed_paragraph) in enumerate(zip(raw, parsed, strict=True)):
+        by_idx[item.get("idx", position) if isinstance(item, dict) else position] = parsed_paragraph
     hops: list[_Paragraph] = []
     for number, hop in enumerate(decomposition):
         idx = hop.get("paragraph_support_idx") if isinstance(hop, dict) else None

@@ -18,8 +18,8 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from envs.datasets.benchmarks import load_browsecomp_zh, load_webshaper, load_webwalkerqa, load_xbench
 from envs.datasets.generic import DatasetError, load_jsonl, load_parquet
@@ -113,7 +113,7 @@ def load_tasks(cfg: DatasetConfig) -> list[Task]:
 
 
 def _in_eval(task_id: str, seed: int, eval_fraction: float) -> bool:
-    digest = hashlib.sha256(f"{seed}:{task_id}".encode("utf-8")).digest()
+    digest = hashlib.sha256(f"{seed}:{task_id}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < eval_fraction
 
 

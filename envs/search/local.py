@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import tantivy
@@ -32,6 +32,9 @@ import tantivy
 from envs.corpus import read_corpus
 from envs.search.base import Document, SearchHit
 from envs.tools.base import ToolError
+
+if TYPE_CHECKING:
+    import bm25s
 
 DEFAULT_ENGINE = "tantivy"
 TITLE_BOOST = 1.5
@@ -132,8 +135,8 @@ class _Bm25sEngine:
 
     def __init__(self, documents: Sequence[Document], title_boost: float) -> None:
         self._title_boost = title_boost
-        import Stemmer  # noqa: PLC0415 - bm25s (with numba) is imported when this engine is chosen
-        from bm25s.stopwords import STOPWORDS_EN  # noqa: PLC0415
+        import Stemmer  # bm25s (with numba) is imported when this engine is chosen
+        from bm25s.stopwords import STOPWORDS_EN
 
         self._stemmer = Stemmer.Stemmer("english")
         self._stopwords = frozenset(STOPWORDS_EN)
@@ -146,7 +149,7 @@ class _Bm25sEngine:
         # bm25s cannot index a field in which no document has a single term.
         if not any(terms_per_doc):
             return None
-        import bm25s  # noqa: PLC0415
+        import bm25s
 
         index = bm25s.BM25()
         index.index(terms_per_doc, show_progress=False)

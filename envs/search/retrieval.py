@@ -58,9 +58,9 @@ class RetrievalServerSearch:
 
 def parse_result(answer: JsonValue, url_scheme: str) -> list[SearchHit]:
     """The hits for the first (only) query of a retrieval-server answer."""
-    if not isinstance(answer, dict) or not isinstance(answer.get("result"), list):
+    per_query = answer.get("result") if isinstance(answer, dict) else None
+    if not isinstance(per_query, list):
         raise ToolError("bad_response", "the retrieval server's answer has no 'result' list")
-    per_query = answer["result"]
     if not per_query:
         return []
     results = per_query[0]
@@ -74,11 +74,12 @@ def _hit(result: JsonValue, url_scheme: str) -> SearchHit:
     if not isinstance(document, dict):
         raise ToolError("bad_response", f"the retrieval server returned a result that is not an object: "
                         f"{str(result)[:100]}")
-    if isinstance(document.get("title"), str) and isinstance(document.get("text"), str):
-        title, body = document["title"], document["text"]
-    elif isinstance(document.get("contents"), str):
-        title, _, body = document["contents"].partition("\n")
-        title = title.strip().strip('"').strip()
+    title, text, contents = document.get("title"), document.get("text"), document.get("contents")
+    if isinstance(title, str) and isinstance(text, str):
+        body = text
+    elif isinstance(contents, str):
+        first_line, _, body = contents.partition("\n")
+        title = first_line.strip().strip('"').strip()
     else:
         raise ToolError("bad_response", "a retrieval-server document has neither 'contents' nor "
                         "'title' and 'text'")

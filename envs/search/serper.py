@@ -104,9 +104,11 @@ def parse_organic(answer: JsonValue) -> list[SearchHit]:
         raise ToolError("bad_response", "Serper's 'organic' field is not a list")
     hits = []
     for result in organic:
-        if not isinstance(result, dict) or not isinstance(result.get("link"), str):
+        if not isinstance(result, dict):
             continue
-        title, snippet = result.get("title"), result.get("snippet")
-        hits.append(SearchHit(title=title if isinstance(title, str) else result["link"],
-                              url=result["link"], snippet=snippet if isinstance(snippet, str) else ""))
+        link, title, snippet = result.get("link"), result.get("title"), result.get("snippet")
+        if not isinstance(link, str):
+            continue
+        hits.append(SearchHit(title=title if isinstance(title, str) else link,
+                              url=link, snippet=snippet if isinstance(snippet, str) else ""))
     return hits

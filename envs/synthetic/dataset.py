@@ -1,17 +1,16 @@
 """The ``synthetic`` dataset kind: questions about the procedurally generated world.
 
-``DatasetConfig(kind="synthetic", path="", seed=S, limit=N, url_prefix=PREFIX, options={...})`` gives
-the first N questions (200 when ``limit`` is unset) of the world of seed S, with evidence URLs under
-``PREFIX``, the page prefix of the corpus server serving that world (``http://host:port/wiki/``, as
-for every served corpus). ``options`` sets the question mix: any field of
-:class:`~envs.synthetic.questions.QuestionConfig` but ``seed`` (``count`` questions before the
-split, ``min_hops``, ``max_hops``, ``aggregation_fraction``, ``entity_answer_fraction``, ...); an unknown one is an error
-naming the known ones. ``path`` is not used. The kind is found through the ``turnstile.datasets``
-entry point.
+``DatasetConfig(kind="synthetic", path="", seed=S, limit=N, url_prefix=PREFIX, options={...})``
+gives the first N questions (200 when ``limit`` is unset) of the world of seed S, with evidence URLs
+under ``PREFIX``, the page prefix of the corpus server serving that world
+(``http://host:port/wiki/``, as for every served corpus). ``options`` sets the question mix: any
+field of :class:`~envs.synthetic.questions.QuestionConfig` but ``seed`` (``count`` questions before
+the split, ``min_hops``, ``max_hops``, ``aggregation_fraction``, ``entity_answer_fraction``, ...);
+an unknown one is an error naming the known ones. ``path`` is not used. The kind is found through
+the ``turnstile.datasets`` entry point.
 """
 
 from __future__ import annotations
-
 
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.generic import DatasetError

@@ -248,8 +248,8 @@ class _TaskBuilder:
             return (attribute, None, f"Which {what} is the most common among the members of "
                     f"{hub.name}?", ranked[0][0])
         if op == "earliest":
-            years = sorted((int(person.attributes["born"]), person.name) for person in members)
-            if len(years) > 1 and years[0][0] == years[1][0]:
+            births = sorted((int(person.attributes["born"]), person.name) for person in members)
+            if len(births) > 1 and births[0][0] == births[1][0]:
                 raise _Rejected  # two members born in the same earliest year
-            return "born", None, f"Which member of {hub.name} was born first?", years[0][1]
+            return "born", None, f"Which member of {hub.name} was born first?", births[0][1]
         raise ValueError(f"unknown aggregation {op!r}: choose one of {AGGREGATE_OPS}")

@@ -68,10 +68,10 @@ def article(world: World, entity: Entity) -> Article:
     facts: list[Line] = [("Type: " + entity.kind.capitalize(),)]
     for spec in schema.attributes_of(entity.kind):
         facts.append((f"{spec.label}: {fact_value(entity, spec.name)}",))
-    for spec in schema.relations_of(entity.kind):
-        target = world.target(entity, spec.name)
+    for relation in schema.relations_of(entity.kind):
+        target = world.target(entity, relation.name)
         if target is not None:
-            facts.append((f"{spec.label}: ", link(target)))
+            facts.append((f"{relation.label}: ", link(target)))
     sections = [Section("", paragraphs=(_lead(world, entity),)), Section("Facts", items=tuple(facts))]
     related = _related(world, entity)
     if related:

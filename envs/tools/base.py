@@ -50,7 +50,10 @@ class Tool(Protocol):
 
     name: str
     description: str
-    parameters: JsonObject
+
+    @property
+    def parameters(self) -> JsonObject:
+        """The JSON schema of the arguments: a class constant or an attribute, read and never changed."""
 
     def normalize(self, arguments: Mapping[str, object]) -> JsonObject: ...
 

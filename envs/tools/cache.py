@@ -121,7 +121,7 @@ class RedisCache:
             self.stats.misses += 1
         else:
             self.stats.hits += 1
-        return value
+        return value  # type: ignore[return-value]  # decode_responses=True: a str
 
     async def put(self, key: str, value: str) -> None:
         try:

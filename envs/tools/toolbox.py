@@ -110,7 +110,7 @@ class Toolbox:
             key = cache_key(name, normalised)
         except ToolError as error:
             return _failure(name, error.kind, error.message, 0)
-        except Exception as error:  # noqa: BLE001 - a tool bug must still not escape
+        except Exception as error:  # a tool bug must still not escape
             log.exception("tool %s: normalize raised", name)
             return _failure(name, "internal", f"the arguments could not be read ({error})", 0)
 
@@ -126,21 +126,21 @@ class Toolbox:
                     raise ToolError("injected", "the service did not answer (a failure injected by "
                                     "toolbox.inject_failure_rate)", retryable=True)
                 text = await asyncio.wait_for(tool.call(normalised), self.config.timeout_s)
-            except (TimeoutError, asyncio.TimeoutError):
-                error = ToolError("timeout", f"no result within {self.config.timeout_s:g} s",
-                                  retryable=True)
+            except TimeoutError:
+                failure = ToolError("timeout", f"no result within {self.config.timeout_s:g} s",
+                                    retryable=True)
             except ToolError as raised:
-                error = raised
+                failure = raised
             except asyncio.CancelledError:
                 raise
-            except Exception as unexpected:  # noqa: BLE001
+            except Exception as unexpected:
                 log.exception("tool %s raised an unexpected error", name)
-                error = ToolError("internal", f"{type(unexpected).__name__}: {unexpected}")
+                failure = ToolError("internal", f"{type(unexpected).__name__}: {unexpected}")
             else:
                 await self.cache.put(key, text)
                 return ToolOutcome(name, text, True, None, attempt)
-            if not error.retryable or attempt >= self.config.max_attempts:
-                return _failure(name, error.kind, error.message, attempt)
+            if not failure.retryable or attempt >= self.config.max_attempts:
+                return _failure(name, failure.kind, failure.message, attempt)
             self.metrics.retries += 1
             await asyncio.sleep(self._backoff(attempt))
 
@@ -155,7 +155,7 @@ class Toolbox:
         for tool in self.tools.values():
             try:
                 await tool.aclose()
-            except Exception:  # noqa: BLE001 - closing must go on for the other tools
+            except Exception:  # closing must go on for the other tools
                 log.exception("closing tool %s failed", tool.name)
         await self.cache.aclose()
 

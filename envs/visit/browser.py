@@ -24,15 +24,22 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Literal
 
-from playwright.async_api import (Browser, BrowserContext, Page, Playwright, ProxySettings, Request,
-                                  Response, Route)
+from playwright.async_api import (
+    Browser,
+    BrowserContext,
+    Page,
+    Playwright,
+    ProxySettings,
+    Request,
+    Response,
+    Route,
+    async_playwright,
+)
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
-from playwright.async_api import async_playwright
 
 from envs.tools.base import ToolError
-from envs.visit.egress import (FAILED_HEADER, REFUSED_HEADER, EgressConfig, EgressProxy,
-                               url_authority)
+from envs.visit.egress import FAILED_HEADER, REFUSED_HEADER, EgressConfig, EgressProxy, url_authority
 from envs.visit.guard import SsrfGuard
 
 DEFAULT_ARGS = (

@@ -26,7 +26,7 @@ class ExtractConfig:
 
 def extract_text(html: str, url: str | None = None, config: ExtractConfig | None = None) -> str:
     """The main text of ``html`` as plain text with paragraphs on their own lines; "" when none."""
-    import trafilatura  # noqa: PLC0415 - a quarter of a second to import; only a visit needs it
+    import trafilatura  # a quarter of a second to import; only a visit needs it
 
     cfg = config or ExtractConfig()
     if not html.strip():

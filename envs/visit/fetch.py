@@ -67,7 +67,7 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         self._inner = inner
         self._guard = guard
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,  # noqa: ASYNC109 - httpcore's API
                           local_address: str | None = None,
                           socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
                           ) -> httpcore.AsyncNetworkStream:
@@ -84,7 +84,7 @@ class GuardedNetworkBackend(httpcore.AsyncNetworkBackend):
         assert last_error is not None
         raise last_error
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
+    async def connect_unix_socket(self, path: str, timeout: float | None = None,  # noqa: ASYNC109 - httpcore's API
                                   socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
                                   ) -> httpcore.AsyncNetworkStream:
         raise ToolError("blocked", "unix sockets cannot be visited")

@@ -75,7 +75,8 @@ class HfTokenCounter:
             offsets = encoded["offset_mapping"]
             return text if len(offsets) <= budget else text[:offsets[budget - 1][1]]
         ids = self._tokenizer.encode(text, add_special_tokens=False)
-        return text if len(ids) <= budget else self._tokenizer.decode(ids[:budget])
+        # transformers types decode() as str | list[str]: one id list gives one str.
+        return text if len(ids) <= budget else self._tokenizer.decode(ids[:budget])  # type: ignore[return-value]
 
 
 def build_counter(config: TokenConfig) -> TokenCounter:

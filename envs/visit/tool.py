@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
 from envs.tools.base import JsonObject, JsonValue, ToolError
@@ -72,7 +72,7 @@ class VisitTool:
     name = "visit"
     description = ("Visit web pages and return their content for a goal. Pass one URL or a list of "
                    "URLs, and the goal: what you want to learn from them.")
-    parameters: JsonObject = {
+    parameters: ClassVar[JsonObject] = {
         "type": "object",
         "properties": {
             "url": {

@@ -1,9 +1,10 @@
 """Credit assignment on the rollout's own trajectories, and the broadcast to tokens.
 
 The estimators read framework-independent turn records (``records.py``). This module makes those
-records from :class:`rollout.trajectory.Trajectory` objects (the same field names), writes the estimator's per-turn credit back onto the trajectories' turns, and turns
-a segment's turn advantages into per-token advantages: every response token carries its turn's
-advantage, prompt and observation tokens carry 0 (and are masked out of the loss).
+records from :class:`rollout.trajectory.Trajectory` objects (the same field names), writes the
+estimator's per-turn credit back onto the trajectories' turns, and turns a segment's turn advantages
+into per-token advantages: every response token carries its turn's advantage, prompt and observation
+tokens carry 0 (and are masked out of the loss).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ def assign_credit(trajectories: Sequence[Trajectory], estimator: Estimator) -> C
     groups: list[Group] = group_by_uid(records)
     result = estimator.assign(groups)
     for group, group_credit in zip(groups, result.groups, strict=True):
-        for record, credits in zip(group.trajectories, group_credit, strict=True):
+        for record, turn_credits in zip(group.trajectories, group_credit, strict=True):
             trajectory = trajectories[record.line - 1]
-            for turn, credit in zip(trajectory.turns, credits, strict=True):
+            for turn, credit in zip(trajectory.turns, turn_credits, strict=True):
                 turn.advantage = credit.advantage
                 turn.reward = credit.reward
                 if "ig" in credit.extras:

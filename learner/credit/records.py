@@ -9,10 +9,11 @@ and checked on a hand-written file without the rollout's token-level trajectory 
 ``answered`` and ``format_ok`` default to true; ``ig_value`` (the information-gain value measured
 before the turn, docs/algorithms.md §4) and ``step_score`` (the clue step score, §6) are read by the
 estimators that need them. The names are the rollout trajectory's own (``rollout/trajectory.py``),
-and a trajectory line (``docs/trajectory.md``: turns inside ``segments``, ``stop_reason``) is read as
-its record, so a scored rollout file is a turn-record file too. Every other field, of the trajectory or of a turn, is kept and written back unchanged;
-the estimator adds ``advantage`` and ``reward`` (and its own fields) to every turn. Every number in
-the file, in any field, must be finite: JSON has no ``NaN`` or ``Infinity``, and neither is written.
+and a trajectory line (``docs/trajectory.md``: turns inside ``segments``, ``stop_reason``) is read
+as its record, so a scored rollout file is a turn-record file too. Every other field, of the
+trajectory or of a turn, is kept and written back unchanged; the estimator adds ``advantage`` and
+``reward`` (and its own fields) to every turn. Every number in the file, in any field, must be
+finite: JSON has no ``NaN`` or ``Infinity``, and neither is written.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 
 class CreditInputError(ValueError):
@@ -187,7 +189,7 @@ def _segment_turns(obj: dict[str, object], where: str) -> list[object]:
     if not isinstance(segments, list) or not all(
             isinstance(segment, dict) and isinstance(segment.get("turns"), list) for segment in segments):
         raise CreditInputError(f"{where}: field 'segments' must be a list of objects with 'turns' lists")
-    return [turn for segment in segments for turn in segment["turns"]]  # type: ignore[index]
+    return [turn for segment in segments for turn in segment["turns"]]
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
@@ -227,8 +229,9 @@ def credited_records(groups: Sequence[Group], credit: Sequence[GroupCredit]) -> 
                 record["turns"] = turns
             else:  # a trajectory line: each turn back in its segment
                 written_turns = iter(turns)
+                segments = cast("list[dict[str, list[object]]]", record["segments"])  # as _segment_turns checked
                 record["segments"] = [{**segment, "turns": [next(written_turns) for _ in segment["turns"]]}
-                                      for segment in record["segments"]]  # type: ignore[union-attr]
+                                      for segment in segments]
             rows.append((trajectory.line, record))
     return [record for _, record in sorted(rows, key=lambda row: row[0])]
 

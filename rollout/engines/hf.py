@@ -98,7 +98,7 @@ class HFEngine:
         self._model: PreTrainedModel | None = model.eval()
         self._config = config
         self._device = torch.device(config.hf.device)
-        self._vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self._vocab_size = int(model.get_input_embeddings().num_embeddings)  # type: ignore[arg-type]  # an int
         self._version = 0
         # Held by the worker thread for every use of the model: requests run one at a time, and a
         # weight update never lands in the middle of a generation.
@@ -117,7 +117,7 @@ class HFEngine:
             resolve_model(config.model), dtype=torch_dtype(config.dtype),
             attn_implementation=config.hf.attn_implementation,
         )
-        return cls(model.to(config.hf.device), config)
+        return cls(model.to(config.hf.device), config)  # type: ignore[arg-type]  # transformers' wrapped to()
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
                        affinity: str | None = None) -> Generation:
@@ -309,6 +309,6 @@ def _tied_groups(state: Mapping[str, torch.Tensor]) -> list[list[str]]:
     """Groups of names in ``state`` that share one tensor (tied weights, e.g. embeddings and head)."""
     by_storage: dict[tuple[int, int, tuple[int, ...]], list[str]] = {}
     for name, tensor in state.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
         by_storage.setdefault(key, []).append(name)
     return [names for names in by_storage.values() if len(names) > 1]

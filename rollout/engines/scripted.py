@@ -3,14 +3,14 @@
 It speaks token ids like any engine, so everything around it (episode loop, context managers,
 workers, router, store) runs exactly as with a model.
 
-- ``mode="expert"`` reads its context like a real policy: it decodes the prompt ids of the last user
-  message and of the first (the question: its first paragraph) and asks the episode's
+- ``mode="expert"`` reads its context like a real policy: it decodes the prompt ids of the last
+  user message and of the first (the question: its first paragraph) and asks the episode's
   :class:`~envs.synthetic.expert.ScriptedExpert` for its next turn, given the last message as the
-  observation. Only those two messages are decoded, so a turn costs the same late in a long episode. When the last user message is itself a known question (its first paragraph), a new
-  episode starts. One expert per episode, keyed by ``affinity`` (or by the question when there is
-  none). The tasks of the
-  synthetic world of ``scripted.world_seed`` are built once, to map questions to their plans. With
-  ``report=True`` every turn carries a ``<report>`` (the iter_research protocol).
+  observation. Only those two messages are decoded, so a turn costs the same late in a long episode.
+  When the last user message is itself a known question (its first paragraph), a new episode starts.
+  One expert per episode, keyed by ``affinity`` (or by the question when there is none). The tasks
+  of the synthetic world of ``scripted.world_seed`` are built once, to map questions to their plans.
+  With ``report=True`` every turn carries a ``<report>`` (the iter_research protocol).
 - ``mode="replay"`` replays, per episode, the response ids of a recorded trajectory of the same
   question (JSONL of :mod:`rollout.trajectory`), turn after turn; several recordings of one question
   are used in turn.
@@ -199,10 +199,10 @@ class ScriptedEngine:
             return key, episode, None
         question = first_paragraph(first_user_message(self.chat, prompt_ids))
         key = affinity if affinity is not None else question
-        episode = self._episodes.get(key)
-        if episode is None:  # its earlier turns ran on another replica: rebuild it from the context
-            episode = self._episodes[key] = self._rebuilt(question, prompt_ids)
-        return key, episode, last
+        known = self._episodes.get(key)
+        if known is None:  # its earlier turns ran on another replica: rebuild it from the context
+            known = self._episodes[key] = self._rebuilt(question, prompt_ids)
+        return key, known, last
 
     def _rebuilt(self, question: str, prompt_ids: Sequence[int]) -> ScriptedExpert | _Replay:
         """The episode's state after the turns its context holds, as a model would read them: its

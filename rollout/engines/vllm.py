@@ -144,7 +144,7 @@ class VllmEngine:
             kv_cache_bytes = CPU_DEFAULT_KV_CACHE_BYTES
         args = AsyncEngineArgs(
             model=model_path(config),
-            dtype=config.dtype,
+            dtype=config.dtype,  # type: ignore[arg-type]  # a str in the config; vLLM checks the name
             seed=config.seed,
             max_model_len=config.max_model_len,
             enforce_eager=section.enforce_eager,
@@ -190,7 +190,9 @@ class VllmEngine:
         steps = completion.logprobs or []
         if len(steps) != len(token_ids):
             raise RuntimeError(f"vLLM returned {len(token_ids)} ids but {len(steps)} log-probs")
-        logprobs = tuple(step[token].logprob for step, token in zip(steps, token_ids))
+        # vLLM types every position's logprobs as optional; only a prompt's first position has none.
+        logprobs = tuple(step[token].logprob  # type: ignore[index]
+                         for step, token in zip(steps, token_ids, strict=True))
         spans = completion.weight_versions
         version = int(spans[0].version) if spans else started_on
         finish = _FINISH_REASONS.get(completion.finish_reason or "", FINISH_ABORT)
@@ -209,7 +211,7 @@ class VllmEngine:
         """
         if len(sequences) != len(spans):
             raise ValueError(f"score() got {len(sequences)} sequences but {len(spans)} spans")
-        for sequence, (start, end) in zip(sequences, spans):
+        for sequence, (start, end) in zip(sequences, spans, strict=True):
             if not 1 <= start <= end <= len(sequence):
                 raise ValueError(f"span ({start}, {end}) does not fit a sequence of {len(sequence)} "
                                  "tokens; need 1 <= start <= end <= len (token 0 has no log-prob)")
@@ -218,13 +220,14 @@ class VllmEngine:
             return []
         llm = await self._engine()
         outputs = await asyncio.gather(*(self._score_one(llm, sequence, start)
-                                         for sequence, (start, _) in zip(sequences, spans)))
+                                         for sequence, (start, _) in zip(sequences, spans, strict=True)))
         scored: list[list[float]] = []
-        for sequence, (start, end), output in zip(sequences, spans, outputs):
+        for sequence, (start, end), output in zip(sequences, spans, outputs, strict=True):
             steps = output.prompt_logprobs
             if steps is None:
                 raise RuntimeError("vLLM returned no prompt log-probs")
-            scored.append([steps[i][sequence[i]].logprob for i in range(start, end)])
+            # Positions from start >= 1 on have logprobs (vLLM types them optional, for position 0).
+            scored.append([steps[i][sequence[i]].logprob for i in range(start, end)])  # type: ignore[index]
         return scored
 
     async def _score_one(self, llm: AsyncLLM, sequence: Sequence[int], start: int) -> RequestOutput:

@@ -38,7 +38,7 @@ def keep_plain_linear_weights(layer: torch.nn.Module, remove_weight: bool) -> No
     if layer.weight.ndim != 2:
         _ORIGINAL_DISPATCH(layer, remove_weight)
         return
-    layer.cpu_linear = torch.nn.functional.linear
+    layer.cpu_linear = torch.nn.functional.linear  # type: ignore[assignment]  # a Module attribute vLLM calls
 
 
 def install_cpu_weight_update_patch() -> None:
@@ -49,7 +49,7 @@ def install_cpu_weight_update_patch() -> None:
     """
     for module in (vllm_layer_utils, vllm_linear, vllm_embedding):
         if hasattr(module, "dispatch_cpu_unquantized_gemm"):
-            module.dispatch_cpu_unquantized_gemm = keep_plain_linear_weights
+            module.dispatch_cpu_unquantized_gemm = keep_plain_linear_weights  # type: ignore[attr-defined]
 
 
 # vLLM imports this module in the engine-core process before loading the model (it resolves the

@@ -23,6 +23,7 @@ from rollout.store.base import (
     TrajectoryStore,
     without_password,
 )
+
 # The built-in backends are entry points (pyproject.toml, group turnstile.stores), imported when a
 # config names one (the memory store imports Ray): reading a config, or the contract, stays cheap.
 # Another package's store is an entry point of its own, or store.kind=package.module:Class.

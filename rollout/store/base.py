@@ -127,6 +127,10 @@ class TrajectoryStore(ABC):
       :class:`StoreDataLostError` from then on, instead of answering as an empty store.
     """
 
+    @abstractmethod
+    def __init__(self, config: StoreConfig) -> None:
+        """A client of ``config``'s store, built by :func:`rollout.store.build_store`."""
+
     @classmethod
     @abstractmethod
     def check_durability(cls, config: StoreConfig) -> None:

@@ -137,7 +137,7 @@ class MemoryStoreActor:
         state = self._stream(stream)
         members = state.groups.setdefault(group, _Group())
         now = time.monotonic()
-        claimed = []
+        claimed: list[_Delivery] = []
         for position, entry in members.pending.items():
             if len(claimed) >= count:
                 break
@@ -189,8 +189,9 @@ class MemoryTrajectoryStore(TrajectoryStore):
                                         "initialised: call ray.init() first (the driver does)")
         self._namespace = check_name("store namespace", config.namespace)
         self._actor_name = check_name("store actor", config.actor_name)
-        # num_cpus=0: bookkeeping only, it must not take a CPU slot from rollout workers.
-        self._actor = ray.remote(MemoryStoreActor).options(
+        # num_cpus=0: bookkeeping only, it must not take a CPU slot from rollout workers. Ray types
+        # .remote() as ActorHandle | type[MemoryStoreActor]; it is the handle.
+        self._actor: ray.actor.ActorHandle = ray.remote(MemoryStoreActor).options(  # type: ignore[assignment]
             name=self._actor_name, get_if_exists=True, num_cpus=0, max_concurrency=1000,
             max_restarts=0,
         ).remote()
@@ -226,7 +227,7 @@ class MemoryTrajectoryStore(TrajectoryStore):
         check_name("consumer", consumer)
         check_count("count", count, 1)
         check_count("block_ms", block_ms, 0)
-        delivered = await self._call(self._actor.claim.remote(
+        delivered: list[_Delivery] = await self._call(self._actor.claim.remote(
             self._key("stream", stream), group, consumer, count, block_ms))
         return [Claimed(item_id, decode_payload(text), n) for item_id, text, n in delivered]
 
@@ -240,7 +241,7 @@ class MemoryTrajectoryStore(TrajectoryStore):
         check_name("consumer", consumer)
         check_count("min_idle_ms", min_idle_ms, 0)
         check_count("count", count, 1)
-        delivered = await self._call(self._actor.reclaim.remote(
+        delivered: list[_Delivery] = await self._call(self._actor.reclaim.remote(
             self._key("stream", stream), group, consumer, min_idle_ms, count))
         return [Claimed(item_id, decode_payload(text), n) for item_id, text, n in delivered]
 
@@ -263,7 +264,7 @@ class MemoryTrajectoryStore(TrajectoryStore):
 
     async def load_checkpoint(self, key: str) -> JsonObject | None:
         check_id("checkpoint key", key)
-        text = await self._call(self._actor.load_checkpoint.remote(f"{self._namespace}/{key}"))
+        text: str | None = await self._call(self._actor.load_checkpoint.remote(f"{self._namespace}/{key}"))
         return None if text is None else decode_payload(text)
 
     async def drop_checkpoint(self, key: str) -> None:

@@ -155,7 +155,7 @@ class RedisTrajectoryStore(TrajectoryStore):
     def __setstate__(self, state: dict[str, StoreConfig | str | None]) -> None:
         config, marker = state["config"], state.get("marker")
         assert isinstance(config, StoreConfig)
-        self.__init__(config)
+        type(self).__init__(self, config)
         self._marker = marker if isinstance(marker, str) else None  # a copy checks what it was sent
 
     # ---- durability ------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ class RedisTrajectoryStore(TrajectoryStore):
             raise self._lost(found)
 
     async def _verify_marker(self) -> None:
-        self._check_marker(await self._redis().get(self._marker_key()))
+        self._check_marker(await self._redis().get(self._marker_key()))  # type: ignore[arg-type]  # decoded: str
 
     def _lost(self, found: str | None) -> StoreDataLostError:
         what = "gone" if found is None else f"replaced by another client's ({found})"
@@ -358,7 +358,9 @@ class RedisTrajectoryStore(TrajectoryStore):
                 block = min(slice_ms, remaining_ms) if remaining_ms > 0 else None
                 read = partial(self._redis().xreadgroup, group, consumer, {key: ">"}, count=count,
                                block=block)
-                reply = await self._with_group(key, group, read)
+                # protocol 2, decoded: [[stream, [(entry id, {field: value}), ...]]]
+                reply: list[tuple[str, list[tuple[str, dict[str, str]]]]]
+                reply = await self._with_group(key, group, read)  # type: ignore[arg-type]
                 if reply:
                     return [_claimed(fields, 1) for _, entries in reply for _, fields in entries]
                 if block is None or time.monotonic() >= deadline:
@@ -373,7 +375,7 @@ class RedisTrajectoryStore(TrajectoryStore):
             # The marker rides along: an ack that finds its items gone says why.
             *entry_ids, marker = await self._redis().mget(
                 [self._item_key(key, item_id) for item_id in ids] + [self._marker_key()])
-            self._check_marker(marker)
+            self._check_marker(marker)  # type: ignore[arg-type]  # decoded: str
             known = sorted({entry for entry in entry_ids if entry})
             if not known:
                 return 0
@@ -437,8 +439,8 @@ class RedisTrajectoryStore(TrajectoryStore):
         name = self._checkpoint_key(key)
         with self._reachable():
             text, marker = await self._redis().mget([name, self._marker_key()])
-            self._check_marker(marker)  # a checkpoint that vanished with the data is an error
-        return None if text is None else decode_payload(text)
+            self._check_marker(marker)  # type: ignore[arg-type]  # decoded: str; a vanished checkpoint is an error
+        return None if text is None else decode_payload(text)  # type: ignore[arg-type]  # decoded: str
 
     async def drop_checkpoint(self, key: str) -> None:
         name = self._checkpoint_key(key)
