@@ -121,9 +121,16 @@ def expert(chat, tasks):  # noqa: ANN001, ANN201
 
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[None]:
-    """One local Ray for the whole session (starting Ray takes seconds; never per test)."""
+    """One local Ray for the whole session (starting Ray takes seconds; never per test).
+
+    A test that ran a command in-process before this fixture was first used may have started a
+    smaller Ray (``rollout.ray.num_cpus``, 4 by default); tests after it that ask for more would
+    wait on resources that never come, so that one is replaced.
+    """
     import ray
 
+    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < 8:
+        ray.shutdown()
     if not ray.is_initialized():
         ray.init(num_cpus=8, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield
