@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+SESSION_CPUS = 8  # the session Ray's logical CPUs: what the largest pipeline test asks for, and more
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -129,9 +130,9 @@ def ray_local() -> Iterator[None]:
     """
     import ray
 
-    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < 8:
+    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < SESSION_CPUS:
         ray.shutdown()
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, configure_logging=False, log_to_driver=False)
+        ray.init(num_cpus=SESSION_CPUS, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield
     ray.shutdown()
