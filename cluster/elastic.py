@@ -45,6 +45,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from cluster.autoscale import FleetView, Sizer, build_policy
 from cluster.dispatch import WorkerPool
+from cluster.room import Demand, check_room
 from learner.publish import publish
 from rollout.engines.config import EngineConfig
 from rollout.fleet import EngineRouter, engine_actor
@@ -117,12 +118,14 @@ class ElasticFleet:
         engines, workers = self.sizer.wanted
         for _ in range(engines):
             self._start_replica("the configured size")
+        # The workers start beside the replicas (both spend their start-up importing libraries);
+        # each is told the serving replicas when it answers, after the replicas serve.
+        for _ in range(workers):
+            self._start_worker("the configured size")
         for replica_id in list(self._replicas):
             ready = self._replicas[replica_id].ready
             assert ready is not None  # each was started just above
             self._replica_came_up(replica_id, ray.get(ready))
-        for _ in range(workers):
-            self._start_worker("the configured size")
         ray.get([pending.ping for pending in self._pending_workers])
         self._workers_came_up()
         self.pool.replacing = True
@@ -430,10 +433,20 @@ class ElasticFleet:
                 sink.write(json.dumps(asdict(event)) + "\n")
 
 
+def fleet_demands(config: FleetConfig) -> list[Demand]:
+    """What the initial fleet asks Ray for: its engine replicas and rollout workers."""
+    policy = build_policy(config.autoscale) if config.autoscale.enabled else None
+    engines, workers = Sizer(config.autoscale, policy, config.engine_replicas, config.workers).wanted
+    return [Demand("rollout.fleet.engine_replicas", engines, config.engine_cpus, config.engine_gpus),
+            Demand("rollout.fleet.workers", workers, config.worker_cpus)]
+
+
 @contextlib.contextmanager
 def elastic_fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: str,
                   events_path: Path | None = None) -> Iterator[ElasticFleet]:
-    """An :class:`ElasticFleet`, started, and stopped with all its actors on exit."""
+    """An :class:`ElasticFleet`, started, and stopped with all its actors on exit. Nothing starts
+    where a local Ray has no room for the initial fleet (:mod:`cluster.room`)."""
+    check_room(fleet_demands(config))
     fleet = ElasticFleet(engine, config, spec, name, events_path)
     try:
         yield fleet.start()

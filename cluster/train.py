@@ -26,7 +26,7 @@ from pathlib import Path
 
 from cluster.console import Tally, TrainConsole
 from cluster.dispatch import WorkerPool
-from cluster.elastic import ElasticFleet
+from cluster.elastic import ElasticFleet, fleet_demands
 from cluster.logs import LOGS
 from cluster.metrics import (
     MetricsConfig,
@@ -47,6 +47,7 @@ from cluster.rollout import (
     servable_tasks,
     serve_corpus,
 )
+from cluster.room import Demand, check_room
 from cluster.score import EstimatorEntry, find_tasks
 from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
@@ -229,6 +230,7 @@ def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
                           checkpoint_every=job.rollout.fleet.checkpoint_every)
         console.stage("starting the fleet and the learner")
         learner = Learner(replace(job.learner, model=model))
+        check_room([*fleet_demands(job.rollout.fleet), *beside_the_fleet(job, learner)])
         with starting(learner) as learner_started, \
                 fleet(job.rollout.engine, job.rollout.fleet, spec, name, events=out / "fleet.jsonl") as rollout_fleet:
             console.fleet = rollout_fleet.view
@@ -251,6 +253,19 @@ def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
                 console.fleet = None  # the view outlives the fleet
                 sink.close()
     return run.state
+
+
+def beside_the_fleet(job: TrainJob, learner: Learner) -> list[Demand]:
+    """What a training run asks Ray for besides its fleet: the learner's ranks (twice with a KL
+    reference; on GPUs a GPU and a CPU each) and, in async mode, the reward workers."""
+    config = learner.config
+    ranks = config.dp * (2 if config.kl_coef > 0 else 1)
+    each = (1.0, 1.0) if learner.uses_gpu() else (float(config.num_cpus_per_worker), 0.0)
+    demands = [Demand("learner.dp", ranks, *each)]
+    if job.mode == "async":
+        service = job.reward_service
+        demands.append(Demand("reward_service.workers", service.workers, service.worker_cpus, service.worker_gpus))
+    return demands
 
 
 @contextlib.contextmanager

@@ -208,7 +208,7 @@ class Learner:
                                "`turnstile`) before starting the learner")
         self._model_path = resolve_model(self.config.model)
         self._pad_token_id = _pad_token_id(self._model_path)
-        use_gpu = self._use_gpu()
+        use_gpu = self.uses_gpu()
         if not use_gpu:
             from learner import verl_cpu
 
@@ -224,7 +224,8 @@ class Learner:
             self._reference.reset()
         return self
 
-    def _use_gpu(self) -> bool:
+    def uses_gpu(self) -> bool:
+        """Whether the ranks train on GPUs (``gpu``; by default, where the Ray cluster has one per rank)."""
         import ray
 
         if self.config.gpu is not None:
