@@ -94,6 +94,10 @@ class LearnerConfig:
     max_length: int = 8192  # prompt + response tokens per sample; longer responses are cut (counted)
     seed: int = 0
     gradient_checkpointing: bool = False
+    # Positions per chunk of the LM head: only the positions whose next token the policy generated
+    # are projected onto the vocabulary, this many at a time (learner/head.py); 0 = veRL's path,
+    # which projects every position of a micro-batch at once.
+    head_chunk: int = 1024
     num_cpus_per_worker: int = 1  # CPU only; on GPUs each rank takes one GPU
     # CPU only: torch threads per rank; 0 = num_cpus_per_worker (Ray's rule). More than the CPUs
     # reserved is right where the rollout fleet idles while the learner trains (sync steps).
@@ -119,6 +123,8 @@ class LearnerConfig:
             raise LearnerError(f"learner.kl_type={self.kl_type!r} is not one of {', '.join(KL_TYPES)}")
         if self.kl_coef < 0:
             raise LearnerError("learner.kl_coef must be >= 0")
+        if self.head_chunk < 0:
+            raise LearnerError("learner.head_chunk must be >= 0 (0 = project every position at once)")
         if self.threads < 0:
             raise LearnerError("learner.threads must be >= 0 (0 = learner.num_cpus_per_worker)")
         known = getattr(torch.optim, self.optimizer, None)
@@ -215,6 +221,8 @@ class Learner:
             verl_cpu.activate()
         self._actor = self._worker_group("actor", forward_only=False, use_gpu=use_gpu)
         self._actor.reset()
+        if self.config.head_chunk:
+            self._actor.use_chunked_head(self.config.head_chunk)
         self._actor.set_loss_fn(self._policy_loss())
         if self.config.kl_coef > 0:
             # veRL builds a forward-only engine with a pinned-memory CPU offload policy and bf16
@@ -222,6 +230,8 @@ class Learner:
             # that is never stepped (same fp32 weights as the policy at the start).
             self._reference = self._worker_group("reference", forward_only=use_gpu, use_gpu=use_gpu)
             self._reference.reset()
+            if self.config.head_chunk:
+                self._reference.use_chunked_head(self.config.head_chunk)
         return self
 
     def uses_gpu(self) -> bool:
@@ -355,7 +365,8 @@ class Learner:
         # veRL's loss adds the entropy bonus only when the forward computed the entropy.
         tu.assign_non_tensor(data, global_batch_size=c.mini_batch, mini_batch_size=c.mini_batch,
                              epochs=c.epochs, seed=seed, temperature=1.0,
-                             calculate_entropy=not sft and c.entropy_coeff != 0)
+                             calculate_entropy=not sft and c.entropy_coeff != 0,
+                             use_fused_kernels=c.head_chunk > 0)  # veRL's key for "the model gives log-probs"
         output = self._actor.train_mini_batch(data).get()
         # With recomputed old log-probs the loss's ratio starts at 1: the train/inference mismatch is
         # the rollout's log-probs against the recomputed ones, measured before the update.
@@ -379,7 +390,8 @@ class Learner:
                 "mismatch/clipped": outside.float().mean().item()}
 
     def log_probs(self, samples: Sequence[Sample]) -> torch.Tensor:
-        """Current-policy log-probs of each sample's response tokens (padded, 0 past the end)."""
+        """Current-policy log-probs of each sample's response tokens (padded, 0 past the end; with
+        ``head_chunk`` > 0 also 0 at observation tokens, which are not projected)."""
         self._require_started()
         return self._log_probs(self._actor, list(samples))
 
@@ -392,7 +404,8 @@ class Learner:
         # Inference may pad with copies (no gradient flows); their outputs are discarded.
         data, _ = self._tensordict(rows + rows[:extra])
         # One sequence per forward: any count splits evenly, and inference holds no activations.
-        tu.assign_non_tensor(data, compute_loss=False, temperature=1.0, micro_batch_size_per_gpu=1)
+        tu.assign_non_tensor(data, compute_loss=False, temperature=1.0, micro_batch_size_per_gpu=1,
+                             use_fused_kernels=self.config.head_chunk > 0)
         output = group.infer_batch(data).get()
         values = no_padding_2_padding(tu.get(output, "log_probs"), data)
         return values[:len(rows)].float()

@@ -4,9 +4,10 @@ This module imports veRL, so a process must have its environment set first (``le
 on CPU); :mod:`learner.trainer` imports it only after doing so.
 
 ``PolicyWorker`` is veRL's :class:`~verl.workers.engine_workers.TrainingWorker` (FSDP2 engine, loss
-set by the controller) plus one call veRL's worker lacks for a separate rollout fleet:
-``full_weights`` gathers the full (unsharded) parameters under their Hugging Face names, which is what
-our policy engines load. Everything else — updates, log-probs, checkpoints — is veRL's own.
+set by the controller) plus two calls veRL's worker lacks: ``full_weights`` gathers the full
+(unsharded) parameters under their Hugging Face names, which is what our policy engines load, and
+``use_chunked_head`` gives the model :mod:`learner.head`'s LM head (log-probs only where trained).
+Everything else — updates, log-probs, checkpoints — is veRL's own.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ class PolicyWorker(TrainingWorker):
         params, _ = self.engine.get_per_tensor_param()
         gathered = {name: tensor.detach().to("cpu", copy=True) for name, tensor in params}
         return gathered if self.rank == 0 else None
+
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[attr-defined]
+    def use_chunked_head(self, chunk: int) -> None:
+        """Project only trained positions onto the vocabulary, ``chunk`` at a time (:mod:`learner.head`)."""
+        from learner.head import install
+
+        install(self.engine, chunk)
 
 
 def weighted_sft_loss(config: Any, model_output: TensorDict, data: TensorDict,  # noqa: ANN401, ARG001
