@@ -220,18 +220,12 @@ class Learner:
 
             verl_cpu.activate()
         self._actor = self._worker_group("actor", forward_only=False, use_gpu=use_gpu)
-        self._actor.reset()
-        if self.config.head_chunk:
-            self._actor.use_chunked_head(self.config.head_chunk)
         self._actor.set_loss_fn(self._policy_loss())
         if self.config.kl_coef > 0:
             # veRL builds a forward-only engine with a pinned-memory CPU offload policy and bf16
             # weights, neither of which exists on CPU: there the reference is a training engine
             # that is never stepped (same fp32 weights as the policy at the start).
             self._reference = self._worker_group("reference", forward_only=use_gpu, use_gpu=use_gpu)
-            self._reference.reset()
-            if self.config.head_chunk:
-                self._reference.use_chunked_head(self.config.head_chunk)
         return self
 
     def uses_gpu(self) -> bool:
@@ -264,9 +258,14 @@ class Learner:
                                    max_colocate_count=self.config.num_cpus_per_worker)
             env = verl_cpu.worker_env(self.config.threads or self.config.num_cpus_per_worker)
         self._pools.append(pool)
-        return RayWorkerGroup(resource_pool=pool, ray_cls_with_init=actor_class, worker_env=env,
-                              device_name="cuda" if use_gpu else "cpu",
-                              name_prefix=f"turnstile_{name}_{uuid.uuid4().hex[:8]}_")
+        # The worker's registered methods (reset, use_chunked_head, ...) are bound at run time.
+        group: Any = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=actor_class, worker_env=env,
+                                    device_name="cuda" if use_gpu else "cpu",
+                                    name_prefix=f"turnstile_{name}_{uuid.uuid4().hex[:8]}_")
+        group.reset()  # builds the model
+        if self.config.head_chunk:
+            group.use_chunked_head(self.config.head_chunk)
+        return group
 
     def _worker_config(self, *, forward_only: bool, use_gpu: bool) -> Any:  # noqa: ANN401
         from verl.workers.config import (
