@@ -41,8 +41,9 @@ MAX_LENGTH = 1 << 17
 
 def long_samples(turns: list[int], model: str) -> dict[int, Sample]:
     """One sample per turn count: the expert's episode cut there, with ±1 advantages."""
-    from ig_scoring import make_trajectories  # benchmarks/, on the path of a script run from there
     from rollout.chat import ChatFormat
+
+    from ig_scoring import make_trajectories  # benchmarks/, on the path of a script run from there
 
     rng = random.Random(0)
     chat = ChatFormat.from_pretrained(model)
@@ -111,7 +112,7 @@ def report(rows: list[dict[str, Any]]) -> str:
                 continue
             cells = [str(turns), f"{known['tokens']:,}", f"{known['policy_tokens']:,}", update]
             for row in (before, after):
-                cells += ([f"{row['peak_rss'] / 2**30:.2f} GB", f"{row['tokens_per_s']:,.0f}"] if row
+                cells += ([f"{row['peak_rss'] / 2**30:.2f} GiB", f"{row['tokens_per_s']:,.0f}"] if row
                           else ["not run", "-"])
             if before and after:
                 cells += [f"{before['peak_rss'] / after['peak_rss']:.2f}x",
@@ -128,6 +129,7 @@ def main() -> None:
     parser.add_argument("--head-chunk", type=int, default=1024, help="the chunked path's head_chunk")
     parser.add_argument("--before-max-tokens", type=int, default=50_000,
                         help="run the whole-logits path (head_chunk=0) only on samples up to this length")
+    parser.add_argument("--updates", default=",".join(UPDATES), help="which of sft, grpo, gspo to run")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="", help="a model directory or name (default: the tiny model)")
     parser.add_argument("--out", default="runs/learner_long.jsonl")
@@ -152,7 +154,8 @@ def main() -> None:
     init_ray(RayConfig(num_cpus=4))
     for chunk in (args.head_chunk, 0):
         for loss in ("vanilla", "gspo"):
-            updates = ("sft", "grpo") if loss == "vanilla" else ("gspo",)
+            updates = [u for u in (("sft", "grpo") if loss == "vanilla" else ("gspo",))
+                       if u in args.updates.split(",")]
             todo = [(t, u) for t in turns for u in updates if (t, u, chunk) not in done
                     and (chunk or length(samples[t]) <= args.before_max_tokens)]
             if not todo:

@@ -259,9 +259,10 @@ def beside_the_fleet(job: TrainJob, learner: Learner) -> list[Demand]:
     """What a training run asks Ray for besides its fleet: the learner's ranks (twice with a KL
     reference; on GPUs a GPU and a CPU each) and, in async mode, the reward workers."""
     config = learner.config
-    ranks = config.dp * (2 if config.kl_coef > 0 else 1)
+    ranks = config.processes * (2 if config.kl_coef > 0 else 1)
     each = (1.0, 1.0) if learner.uses_gpu() else (float(config.num_cpus_per_worker), 0.0)
-    demands = [Demand("learner.dp", ranks, *each)]
+    demands = [Demand("learner.dp" if config.sequence_parallel == 1 else "learner.dp x sequence_parallel",
+                      ranks, *each)]
     if job.mode == "async":
         service = job.reward_service
         demands.append(Demand("reward_service.workers", service.workers, service.worker_cpus, service.worker_gpus))

@@ -53,6 +53,18 @@ def trained_positions(micro_batch: Any) -> torch.Tensor:  # noqa: ANN401 - veRL'
     return flat
 
 
+def packed_trained(flat: torch.Tensor, pad: int, sequence_parallel: int) -> torch.Tensor:
+    """:func:`trained_positions` laid out as the engine lays out the packed labels it passes the
+    model (``shift_labels``): the global packed sequence padded by ``pad`` at the end and, with
+    sequence parallelism, this rank's contiguous slice of it, as ``(1, tokens)``."""
+    mask = torch.nn.functional.pad(flat, (0, pad)).unsqueeze(0)
+    if sequence_parallel > 1:
+        from verl.utils.ulysses import slice_input_tensor
+
+        mask = slice_input_tensor(mask, dim=1, padding=False)
+    return mask
+
+
 def head_values(hidden: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 chunk: int, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``labels`` (and the entropy) under ``hidden @ weight.T + bias``, ``chunk`` rows at
@@ -129,11 +141,8 @@ def _inputs_with_trained(engine: Any, original: Callable[..., Any]) -> Callable[
             return model_inputs, output_args
         flat = trained_positions(micro_batch)
         if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
-            if getattr(engine, "ulysses_sequence_parallel_size", 1) > 1:
-                raise NotImplementedError("the learner's chunked head does not split sequences across ranks "
-                                          "(Ulysses) yet: set learner.head_chunk=0 with sequence parallelism")
-            pad = int(output_args.get("pad_size", 0) or 0)
-            mask = torch.nn.functional.pad(flat, (0, pad)).unsqueeze(0)
+            mask = packed_trained(flat, int(output_args.get("pad_size", 0) or 0),
+                                  getattr(engine, "ulysses_sequence_parallel_size", 1))
         else:
             offsets = micro_batch["input_ids"].offsets()
             nested = torch.nested.nested_tensor_from_jagged(flat.to(torch.uint8), offsets)

@@ -98,6 +98,13 @@ class LearnerConfig:
     # are projected onto the vocabulary, this many at a time (learner/head.py); 0 = veRL's path,
     # which projects every position of a micro-batch at once.
     head_chunk: int = 1024
+    # Token-budget batching (veRL's use_dynamic_bsz): each forward/backward takes as many samples as
+    # fit in this many tokens per GPU, instead of micro_batch samples; a sample split over
+    # sequence_parallel GPUs counts its tokens / sequence_parallel. 0 = micro_batch samples at a time.
+    max_tokens_per_gpu: int = 0
+    # GPUs that share one sample's sequence (Ulysses sequence parallelism; GPUs only): the learner
+    # takes dp x sequence_parallel GPUs. The model's attention heads must divide by it.
+    sequence_parallel: int = 1
     num_cpus_per_worker: int = 1  # CPU only; on GPUs each rank takes one GPU
     # CPU only: torch threads per rank; 0 = num_cpus_per_worker (Ray's rule). More than the CPUs
     # reserved is right where the rollout fleet idles while the learner trains (sync steps).
@@ -125,6 +132,18 @@ class LearnerConfig:
             raise LearnerError("learner.kl_coef must be >= 0")
         if self.head_chunk < 0:
             raise LearnerError("learner.head_chunk must be >= 0 (0 = project every position at once)")
+        if self.sequence_parallel < 1:
+            raise LearnerError("learner.sequence_parallel must be at least 1 (1 = each GPU holds whole samples)")
+        if self.sequence_parallel > 1 and self.gpu is False:
+            raise LearnerError("learner.sequence_parallel > 1 splits a sample across GPUs: it needs learner.gpu "
+                               "true (or empty, on a cluster with GPUs)")
+        if self.max_tokens_per_gpu < 0:
+            raise LearnerError("learner.max_tokens_per_gpu must be >= 0 (0 = micro_batch samples per forward)")
+        if self.max_tokens_per_gpu and self.max_tokens_per_gpu * self.sequence_parallel < self.max_length:
+            raise LearnerError(f"learner.max_tokens_per_gpu={self.max_tokens_per_gpu} cannot hold a sample of "
+                               f"learner.max_length={self.max_length} tokens over sequence_parallel="
+                               f"{self.sequence_parallel} GPUs: raise it to at least "
+                               f"{-(-self.max_length // self.sequence_parallel)} or raise sequence_parallel")
         if self.threads < 0:
             raise LearnerError("learner.threads must be >= 0 (0 = learner.num_cpus_per_worker)")
         known = getattr(torch.optim, self.optimizer, None)
@@ -149,6 +168,11 @@ class LearnerConfig:
             own.clip_ratio_high if self.clip_ratio_high is None else self.clip_ratio_high,
             own.loss_agg_mode if self.loss_agg_mode is None else self.loss_agg_mode,
             own.recompute_old_log_probs if self.recompute_old_log_probs is None else self.recompute_old_log_probs)
+
+    @property
+    def processes(self) -> int:
+        """Worker processes of the policy (and again of a KL reference): dp x sequence_parallel."""
+        return self.dp * self.sequence_parallel
 
 
 @dataclass
@@ -215,7 +239,13 @@ class Learner:
         self._model_path = resolve_model(self.config.model)
         self._pad_token_id = _pad_token_id(self._model_path)
         use_gpu = self.uses_gpu()
-        if not use_gpu:
+        if use_gpu:
+            _check_gpu_stack()
+        else:
+            if self.config.sequence_parallel > 1:
+                raise LearnerError(f"learner.sequence_parallel={self.config.sequence_parallel} splits samples "
+                                   "across GPUs, and this learner runs on CPU (no GPU per rank in the Ray "
+                                   "cluster, or learner.gpu=false): set it to 1")
             from learner import verl_cpu
 
             verl_cpu.activate()
@@ -234,7 +264,7 @@ class Learner:
 
         if self.config.gpu is not None:
             return self.config.gpu
-        return ray.cluster_resources().get("GPU", 0) >= self.config.dp
+        return ray.cluster_resources().get("GPU", 0) >= self.config.processes
 
     def _worker_group(self, name: str, *, forward_only: bool, use_gpu: bool) -> Any:  # noqa: ANN401
         import ray
@@ -250,7 +280,7 @@ class Learner:
         config = self._worker_config(forward_only=forward_only, use_gpu=use_gpu)
         actor_class = RayClassWithInitArgs(cls=ray.remote(PolicyWorker), config=config)
         if use_gpu:
-            pool = RayResourcePool(process_on_nodes=[self.config.dp], use_gpu=True, max_colocate_count=1)
+            pool = RayResourcePool(process_on_nodes=[self.config.processes], use_gpu=True, max_colocate_count=1)
             env: dict[str, str] = {}
         else:
             actor_class.update_options({"num_cpus": self.config.num_cpus_per_worker})
@@ -281,10 +311,20 @@ class Learner:
         model = HFModelConfig(path=self._model_path, use_remove_padding=use_gpu,
                               enable_gradient_checkpointing=c.gradient_checkpointing,
                               override_config={} if use_gpu else {"attn_implementation": "sdpa"})
-        engine_settings: dict[str, Any] = {"strategy": "fsdp2"} if use_gpu else dict(verl_cpu.CPU_ENGINE_SETTINGS)
-        engine = FSDPEngineConfig(forward_only=forward_only, use_dynamic_bsz=False,
+        # On GPUs the gradients are reduce-scattered after every forward: veRL's default defers that to
+        # the mini-batch's last forward and holds an unsharded float32 copy of them until then (4 bytes
+        # a parameter on every GPU, 33 GB for an 8B model).
+        engine_settings: dict[str, Any] = (
+            {"strategy": "fsdp2", "use_no_sync_for_gradient_accumulation": False} if use_gpu
+            else dict(verl_cpu.CPU_ENGINE_SETTINGS))
+        # Token-budget batching, veRL's recommendation for long contexts: the same budget for the
+        # update and for log-probs (which hold no activations, so it is the update that must fit).
+        budget = c.max_tokens_per_gpu or None
+        engine = FSDPEngineConfig(forward_only=forward_only, use_dynamic_bsz=budget is not None,
+                                  max_token_len_per_gpu=budget, infer_max_token_len_per_gpu=budget,
                                   micro_batch_size_per_gpu=c.micro_batch,
                                   infer_micro_batch_size_per_gpu=c.micro_batch,
+                                  ulysses_sequence_parallel_size=c.sequence_parallel,
                                   use_torch_compile=False, use_remove_padding=use_gpu, seed=c.seed,
                                   **engine_settings)
         optimizer = None if forward_only else FSDPOptimizerConfig(
@@ -469,6 +509,17 @@ class Learner:
     def _require_started(self) -> None:
         if self._actor is None:
             raise LearnerError("the learner is not started: call Learner.start() first")
+
+
+def _check_gpu_stack() -> None:
+    """The GPU learner packs a micro-batch's samples into one sequence (veRL's remove-padding path),
+    whose attention needs flash-attention's variable-length kernel."""
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:
+        raise LearnerError("the learner on GPUs needs flash-attention (packed samples attend only within "
+                           "themselves through its variable-length kernel): `pip install flash-attn "
+                           "--no-build-isolation` on every GPU node, or learner.gpu=false")
 
 
 def _pad_token_id(model_path: str) -> int:

@@ -69,8 +69,36 @@ def test_config_errors_name_the_setting() -> None:
         LearnerConfig(optimizer="SGD", optimizer_options={"eps": 1e-3})
     with pytest.raises(LearnerError, match=r"set lr with learner.lr"):
         LearnerConfig(optimizer_options={"lr": 1e-3})
+    with pytest.raises(LearnerError, match=r"max_tokens_per_gpu=4096 cannot hold a sample of "
+                                           r"learner.max_length=8192 .* at least 8192 or raise sequence_parallel"):
+        LearnerConfig(max_tokens_per_gpu=4096, max_length=8192)
+    LearnerConfig(max_tokens_per_gpu=4096, max_length=8192, sequence_parallel=2)  # two GPUs hold it
+    with pytest.raises(LearnerError, match=r"sequence_parallel > 1 .* needs learner.gpu"):
+        LearnerConfig(sequence_parallel=2, gpu=False)
+    with pytest.raises(LearnerError, match=r"sequence_parallel must be at least 1"):
+        LearnerConfig(sequence_parallel=0)
     with pytest.raises(LearnerError, match="not started"):
         Learner(LearnerConfig()).full_weights()
+
+
+def test_a_learner_that_cannot_run_here_is_refused_at_start(ray_local: None,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sequence parallelism on a CPU learner, and a GPU learner without flash-attention (whose
+    variable-length kernel keeps packed samples apart), stop before any worker starts."""
+    import importlib.util
+
+    import ray
+
+    actors = len(ray.util.list_named_actors(all_namespaces=True))
+    with pytest.raises(LearnerError, match=r"sequence_parallel=2 splits samples across GPUs, and this "
+                                           r"learner runs on CPU"):
+        Learner(LearnerConfig(sequence_parallel=2)).start()
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "flash_attn" else find_spec(name, *args))
+    with pytest.raises(LearnerError, match=r"needs flash-attention .* pip install flash-attn"):
+        Learner(LearnerConfig(gpu=True)).start()
+    assert len(ray.util.list_named_actors(all_namespaces=True)) == actors
 
 
 def test_rank_major_layout_gives_each_rank_its_share_of_every_mini_batch() -> None:
@@ -85,19 +113,23 @@ def test_rank_major_layout_gives_each_rank_its_share_of_every_mini_batch() -> No
 
 
 def test_dp2_update_equals_dp1(learner: Learner) -> None:
-    """Same batch, same initial weights: the same loss and gradient norm with two ranks as with one."""
+    """Same batch, same initial weights: the same loss and gradient norm with two ranks as with one,
+    and with token-budget batching (a forward takes as many samples as fit in 64 tokens: one to
+    three of these) as with a fixed number of samples per forward."""
     samples = random_samples(8, seed=3)
-    two = Learner(LearnerConfig(dp=2, mini_batch=4, micro_batch=1, lr=1e-3)).start()
-    one = Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-3)).start()
+    assert max(len(s.prompt_ids) + len(s.response_ids) for s in samples) <= 64
+    learners = [Learner(LearnerConfig(dp=1, mini_batch=4, micro_batch=2, lr=1e-3)),
+                Learner(LearnerConfig(dp=2, mini_batch=4, micro_batch=1, lr=1e-3)),
+                Learner(LearnerConfig(dp=1, mini_batch=4, max_tokens_per_gpu=64, max_length=64, lr=1e-3))]
     try:
-        a = one.train_rl(samples, seed=7).metrics
-        b = two.train_rl(samples, seed=7).metrics
+        a, b, c = (learner.start().train_rl(samples, seed=7).metrics for learner in learners)
     finally:
-        two.close()
-        one.close()
+        for learner in learners:
+            learner.close()
     assert a["loss"] != 0.0 and a["grad_norm"] > 0.0
-    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
-    assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    for other in (b, c):
+        assert other["loss"] == pytest.approx(a["loss"], rel=1e-5, abs=1e-7)
+        assert other["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
 
 
 def test_sft_loss_weights_and_masks(learner: Learner) -> None:

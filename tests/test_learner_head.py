@@ -101,3 +101,32 @@ def test_the_learner_trains_the_same_with_the_chunked_head(ray_local: None, tmp_
     assert whole_rl["grad_norm"] > 0
     for key in ("loss", "grad_norm", "sft/nll"):  # the second update starts from the first's weights
         assert chunked_sft[key] == pytest.approx(whole_sft[key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize("sequence_parallel", [2, 3])
+@pytest.mark.parametrize("static_pad", [0, 5])
+def test_with_sequence_parallelism_each_rank_marks_its_slice_of_the_labels(
+        monkeypatch: pytest.MonkeyPatch, sequence_parallel: int, static_pad: int) -> None:
+    """Each rank's mask lines up with the labels veRL gives that rank (the rolled packed ids, padded,
+    then sliced), and the ranks together mark exactly the trained targets."""
+    from types import SimpleNamespace
+
+    from verl.utils import ulysses
+
+    from learner.head import packed_trained
+
+    batch = micro_batch(random_samples(3, seed=9))
+    flat = trained_positions(batch)
+    rolled = torch.roll(batch["input_ids"].values(), shifts=-1).unsqueeze(0)
+    padded = torch.nn.functional.pad(rolled, (0, static_pad))  # the engine's bucket padding
+    marked = []
+    for rank in range(sequence_parallel):
+        monkeypatch.setattr(ulysses, "get_ulysses_sequence_parallel_group", lambda: "sp")
+        monkeypatch.setattr(ulysses, "dist", SimpleNamespace(get_world_size=lambda _group: sequence_parallel,
+                                                             get_rank=lambda _group, r=rank: r))
+        labels, _, sp_pad = ulysses.ulysses_pad_and_slice_inputs(padded, None, sp_size=sequence_parallel)
+        mask = packed_trained(flat, static_pad + sp_pad, sequence_parallel)
+        assert mask.shape == labels.shape
+        marked.append(labels[mask])
+    assert torch.equal(torch.cat(marked), rolled[0][flat])
+    assert 0 < int(flat.sum()) < flat.numel()
