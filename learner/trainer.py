@@ -319,9 +319,10 @@ class Learner:
             else dict(verl_cpu.CPU_ENGINE_SETTINGS))
         # Token-budget batching, veRL's recommendation for long contexts: the same budget for the
         # update and for log-probs (which hold no activations, so it is the update that must fit).
-        budget = c.max_tokens_per_gpu or None
-        engine = FSDPEngineConfig(forward_only=forward_only, use_dynamic_bsz=budget is not None,
-                                  max_token_len_per_gpu=budget, infer_max_token_len_per_gpu=budget,
+        budget: dict[str, Any] = {"use_dynamic_bsz": bool(c.max_tokens_per_gpu)}
+        if c.max_tokens_per_gpu:
+            budget.update(max_token_len_per_gpu=c.max_tokens_per_gpu, infer_max_token_len_per_gpu=c.max_tokens_per_gpu)
+        engine = FSDPEngineConfig(forward_only=forward_only, **budget,
                                   micro_batch_size_per_gpu=c.micro_batch,
                                   infer_micro_batch_size_per_gpu=c.micro_batch,
                                   ulysses_sequence_parallel_size=c.sequence_parallel,

@@ -96,7 +96,7 @@ def test_a_learner_that_cannot_run_here_is_refused_at_start(ray_local: None,
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *args: None if name == "flash_attn" else find_spec(name, *args))
-    with pytest.raises(LearnerError, match=r"needs flash-attention .* pip install flash-attn"):
+    with pytest.raises(LearnerError, match=r"needs flash-attention .*pip install flash-attn"):
         Learner(LearnerConfig(gpu=True)).start()
     assert len(ray.util.list_named_actors(all_namespaces=True)) == actors
 
