@@ -30,7 +30,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from envs.tasks import Task
-from rollout.episode import describe_error
+from rollout.errors import describe_error
 from rollout.store import StoreDataLostError
 from rollout.trajectory import StopReason, Trajectory
 

@@ -41,14 +41,15 @@ from typing import TYPE_CHECKING
 
 import ray
 import torch
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from cluster.autoscale import FleetView, Sizer, build_policy
 from cluster.dispatch import WorkerPool
 from cluster.room import Demand, check_room
 from learner.publish import publish
 from rollout.engines.config import EngineConfig
-from rollout.fleet import EngineRouter, engine_actor
+from rollout.errors import describe_error
+from rollout.fleet import EngineRouter, EngineStartError, engine_actor
 from rollout.workers import WorkerSpec, worker_actor
 
 if TYPE_CHECKING:
@@ -125,7 +126,11 @@ class ElasticFleet:
         for replica_id in list(self._replicas):
             ready = self._replicas[replica_id].ready
             assert ready is not None  # each was started just above
-            self._replica_came_up(replica_id, ray.get(ready))
+            try:
+                served = ray.get(ready)
+            except (RayTaskError, RayActorError) as error:
+                raise EngineStartError(f"engine-{replica_id} could not start: {describe_error(error)}") from None
+            self._replica_came_up(replica_id, served)
         ray.get([pending.ping for pending in self._pending_workers])
         self._workers_came_up()
         self.pool.replacing = True
@@ -247,9 +252,10 @@ class ElasticFleet:
             try:
                 self._replica_came_up(replica_id, ray.get(replica.ready))
                 self._failed_starts = 0
-            except (RayActorError, GetTimeoutError) as error:
-                self._replicas.pop(replica_id, None)
-                self._failed_start(f"engine-{replica_id}", f"it failed to start ({type(error).__name__})")
+            except (RayTaskError, RayActorError, GetTimeoutError) as error:
+                with contextlib.suppress(RayActorError):  # one whose start raised is still alive
+                    ray.kill(self._replicas.pop(replica_id).handle)
+                self._failed_start(f"engine-{replica_id}", f"it failed to start ({describe_error(error)})")
 
     def _replica_came_up(self, replica_id: int, served: int) -> None:
         """A started replica serves: bring it to the published version, then route to it."""

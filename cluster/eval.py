@@ -46,7 +46,7 @@ from rewards.apply import score_groups
 from rewards.base import RewardSpec, build_reward
 from rollout.context import ContextConfig
 from rollout.model_store import resolve_model
-from rollout.summary import is_correct
+from rollout.summary import FAILED, is_correct, nothing_ran
 from rollout.trajectory import Trajectory
 from rollout.workers import WorkerSpec
 
@@ -106,14 +106,20 @@ class EvalConfig:
             raise ValueError(f"benchmark names must differ (set name: for two of one kind); got {names}")
 
 
+class EvalError(ValueError):
+    """An evaluation that measured nothing: every sample it ran failed."""
+
+
 def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, object]]:
-    """Run what ``OUT/results.jsonl`` lacks, then write and return the summary."""
+    """Run what ``OUT/results.jsonl`` lacks, then write and return the summary. Raises
+    :class:`EvalError` when every sample this run ran failed (the rows stay, with their errors)."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     drop_partial_line(results)
     done = {(row["benchmark"], row["task_id"], row["sample"]) for row in read_results(results)}
     reports: dict[tuple[str, str, int], str] = {}  # this run's samples' final reports (for synth@n)
+    ran: list[Trajectory] = []
     rollout = cfg.rollout
     init_ray(rollout.ray)
     model = resolve_model(rollout.engine.model)
@@ -147,6 +153,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                     while dispatcher.busy:
                         finished = dispatcher.wait(timeout=1.0)
                         for trajectory in judge(finished, by_uid, tasks_by_uid):
+                            ran.append(trajectory)
                             report = final_report(trajectory)
                             benchmark = by_uid[trajectory.uid]
                             row = result_row(benchmark, trajectory, report)
@@ -155,6 +162,9 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                             bar.update(1)
                         sink.flush()
         bar.close()
+    failure = nothing_ran(ran, "sample")
+    if failure:
+        raise EvalError(failure)
     rows = list(read_results(results))
     summary = summarize_results(cfg, iter(rows), task_lists)
     if cfg.synthesis.enabled:
@@ -252,7 +262,9 @@ def result_row(bench: BenchmarkConfig, trajectory: Trajectory, report: str | Non
             "wall_s": round(trajectory.wall_s, 3),
             "score": trajectory.outcome if trajectory.outcome is not None else 0.0,  # the judge's
             "report": None if bench.encrypted else report or final_report(trajectory),  # for synth@n
-            **({"judge_error": reward_error["error"]} if isinstance(reward_error, dict) else {})}
+            **({"judge_error": reward_error["error"]} if isinstance(reward_error, dict) else {}),
+            **({"error": trajectory.metadata.get("error")}
+               if trajectory.stop_reason in FAILED and not bench.encrypted else {})}
 
 
 def drop_partial_line(path: Path) -> None:

@@ -65,7 +65,8 @@ from rewards.service import RewardServiceConfig
 from rollout.engines.registry import weight_sync
 from rollout.model_store import RUN_MODEL, WARM_MODEL, resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
-from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
+from rollout.summary import nothing_ran
+from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 from rollout.workers import WorkerSpec
 
 MODES = ("sync", "async")
@@ -347,10 +348,9 @@ class Run:
         job, state = self.job, self.state
         started = time.monotonic()
         self.console.stage("credit")
-        failed = [t for t in trajectories if t.stop_reason in (StopReason.ENGINE_ERROR, StopReason.ERROR)]
-        if failed and len(failed) == len(trajectories):  # nothing ran: stop instead of "training" on it
-            raise TrainError(f"every episode of step {state.step + 1} failed; the first said: "
-                             f"{failed[0].metadata.get('error', '?')}")
+        failure = nothing_ran(trajectories, f"episode of step {state.step + 1}")
+        if failure:  # stop instead of "training" on nothing
+            raise TrainError(failure)
         fresh, left_out = trainable(trajectories, state.weights_version, job.staleness)
         state.dropped_stale += left_out["stale"]
         if fresh:

@@ -56,7 +56,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from envs.tasks import Task
 from rewards.apply import DEFAULT_SCORE_TIMEOUT_S, apply_rewards, mark_unscored
 from rewards.base import RewardSpec, build_reward, reward_options
-from rollout.episode import describe_error
+from rollout.errors import describe_error
 from rollout.store import (
     FINISHED,
     SCORED,

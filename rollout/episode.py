@@ -52,6 +52,7 @@ from rollout.engines.base import (
     PolicyEngine,
     SamplingParams,
 )
+from rollout.errors import describe_error
 from rollout.store.base import StoreDataLostError
 from rollout.trajectory import Segment, StopReason, Trajectory, TrajectoryError, Turn
 
@@ -182,16 +183,6 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
             await env.close()
         trajectory.wall_s = episode.wall_s() if episode is not None else time.monotonic() - started
     return trajectory
-
-
-def describe_error(error: BaseException) -> str:
-    """One line for a trajectory's ``metadata["error"]``: the exception's type and first line (for an
-    error raised inside a Ray actor, the original one's, not Ray's wrapper with its traceback)."""
-    cause = getattr(error, "cause", None)
-    if isinstance(cause, BaseException):
-        error = cause
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:1000]
 
 
 def _record_error(trajectory: Trajectory, error: Exception) -> None:

@@ -32,6 +32,10 @@ _DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
 T = TypeVar("T")
 
 
+class EngineStartError(RuntimeError):
+    """An engine replica of the initial fleet could not start: the run stops, saying why."""
+
+
 class EngineActor:
     """One engine replica. Wrapped with ``ray.remote`` by :func:`start_engines`; async methods let
     many requests run concurrently inside the replica (vLLM batches them)."""
@@ -61,7 +65,11 @@ class EngineActor:
         return self._in_flight
 
     async def ready(self) -> int:
-        """Wait until the engine can serve (vLLM starts lazily); returns its weights version."""
+        """Start the engine where it has a start (vLLM: here, not on the first request, so that a
+        replica that cannot serve fails here, once); returns its weights version."""
+        start = getattr(self._engine, "start", None)
+        if start is not None:
+            await start()
         return await self._engine.weights_version()
 
     async def aclose(self) -> None:

@@ -73,10 +73,22 @@ class RolloutSummary:
         ])
 
 
+FAILED = (StopReason.ENGINE_ERROR, StopReason.ERROR)
+
+
+def nothing_ran(trajectories: Sequence[Trajectory], what: str = "episode") -> str:
+    """"every <what> failed; the first said: ..." when every one of ``trajectories`` ended in an
+    error (a command stops on it instead of reporting 0% or training on nothing), else ""."""
+    failed = [t for t in trajectories if t.stop_reason in FAILED]
+    if not failed or len(failed) < len(trajectories):
+        return ""
+    return f"every {what} failed; the first said: {failed[0].metadata.get('error') or '?'}"
+
+
 def summarize(trajectories: Sequence[Trajectory], wall_s: float, failed: int = 0,
               rerun: int = 0) -> RolloutSummary:
     turns = [turn for trajectory in trajectories for turn in trajectory.turns]
-    errors = [t for t in trajectories if t.stop_reason in (StopReason.ENGINE_ERROR, StopReason.ERROR)]
+    errors = [t for t in trajectories if t.stop_reason in FAILED]
     return RolloutSummary(
         episodes=len(trajectories),
         failed=failed,

@@ -64,3 +64,10 @@ class FailingEngine(ScriptedEngine):
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
                        affinity: str | None = None) -> Generation:
         raise RuntimeError("this engine serves nothing (tests.hostile:FailingEngine)")
+
+
+class UnstartableEngine(ScriptedEngine):
+    """An engine whose start fails, as vLLM's does on a model or setting it cannot serve."""
+
+    async def start(self) -> None:
+        raise RuntimeError("this engine cannot start (tests.hostile:UnstartableEngine)")

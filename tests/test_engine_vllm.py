@@ -106,6 +106,36 @@ async def test_prompt_too_long_names_both_lengths_without_starting_vllm() -> Non
     await engine.aclose()
 
 
+async def test_a_start_that_fails_says_vllms_reason_and_is_not_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's config refusals are pydantic validation errors whose first line is only a count ("1
+    validation error for ModelConfig"): the message carries the reason, and every later request
+    gets it again without a second start (a start costs tens of seconds on CPU)."""
+    from pydantic import BaseModel, field_validator
+
+    class ModelConfig(BaseModel):
+        max_model_len: int
+
+        @field_validator("max_model_len")
+        @classmethod
+        def fits(cls, value: int) -> int:
+            raise ValueError(f"User-specified max_model_len ({value}) is greater than the derived max_model_len")
+
+    starts = []
+
+    def build(_self: VllmEngine) -> None:
+        starts.append(1)
+        ModelConfig(max_model_len=65536)
+
+    monkeypatch.setattr(VllmEngine, "_build", build)
+    engine = VllmEngine.from_config(engine_config())
+    for call in (engine.start(), engine.generate([7, 8], GREEDY), engine.start()):
+        with pytest.raises(RuntimeError, match=r"vLLM could not start on \S+: ValidationError: Value error, "
+                                               r"User-specified max_model_len \(65536\) is greater"):
+            await call
+    assert starts == [1]
+    await engine.aclose()
+
+
 # ------------------------------------------------------------------ integration: one engine
 
 @pytest.fixture(scope="module")

@@ -109,6 +109,28 @@ def _rows_tolerant(out: Path) -> list[dict]:
     return rows
 
 
+def test_an_eval_where_every_sample_fails_exits_nonzero_saying_why(tmp_path: Path, ray_local: None,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from cluster.commands import eval as command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    out = tmp_path / "eval"
+    heldout = HELDOUT.replace("limit: 8", "limit: 2")
+    args = parser.parse_args(["--config", str(EXAMPLE), "--no-progress", "k=1", f"out={out}", "rollout.corpus.port=0",
+                              "rollout.engine.kind=tests.hostile:FailingEngine",
+                              f"benchmarks=[{{name: synthetic-heldout, data: {heldout}}}]"])
+    assert command.run(args) == 1
+    printed = capsys.readouterr().out
+    assert ("turnstile eval: every sample failed; the first said: the engine failed on turn 0: RuntimeError: "
+            "this engine serves nothing") in printed
+    rows = _rows(out)
+    assert len(rows) == 2 and all("this engine serves nothing" in row["error"] for row in rows)
+    assert not (out / "summary.json").exists()  # no 0% table of a run that measured nothing
+
+
 def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None:
     for override, words in ((["k=0"], "k=0"), (["benchmarks=[]"], "benchmarks is empty"),
                             (["benchmarks.0.limit=3"], "a list is set whole"),

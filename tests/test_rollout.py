@@ -134,6 +134,26 @@ def test_a_run_where_every_episode_fails_exits_nonzero(ray_local: None, tmp_path
     assert len(load_trajectories(tmp_path / "f.jsonl")) == 4  # each recorded with its error
 
 
+def test_an_engine_that_cannot_start_ends_the_run_once_saying_why(ray_local: None, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The replica starts its engine before any episode runs; its failure ends the command there,
+    with the engine's own reason, instead of failing every episode one by one."""
+    import argparse
+
+    from cluster.commands import rollout as command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args(["--config", str(EXAMPLES / "rollout_scripted.yaml"), "--out", str(tmp_path / "f.jsonl"),
+                              "--no-progress", "data.limit=2", "engine.kind=tests.hostile:UnstartableEngine"])
+    assert command.run(args) == 1
+    printed = capsys.readouterr().out
+    assert ("turnstile rollout: engine-0 could not start: RuntimeError: this engine cannot start "
+            "(tests.hostile:UnstartableEngine)") in printed
+    assert "Traceback" not in printed
+    assert not (tmp_path / "f.jsonl").exists()  # no episode ran
+
+
 def test_a_second_env_runs_through_the_same_rollout(ray_local: None, tmp_path: Path) -> None:
     # The calculator environment and the arithmetic dataset, chosen by config alone; the policy is a
     # user's scripted engine (tests.user_plugins) that is right in sample 0 and off by one in sample 1.

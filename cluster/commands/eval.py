@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from cluster.eval import EvalConfig, render, run_eval
     from cluster.rollout import init_ray
     from envs.corpus_server import CorpusServerError
+    from rollout.fleet import EngineStartError
 
     try:
         cfg = load_config(EvalConfig, args.config, args.overrides)
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         init_ray(cfg.rollout.ray, worker_logs(Path(cfg.out), args.verbose))
         summary = run_eval(cfg, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError, CorpusServerError, NoWorkersLeft) as error:  # each says what to do
+    except (ValueError, FileNotFoundError, CorpusServerError, NoWorkersLeft,
+            EngineStartError) as error:  # each says what to do
         print(f"turnstile eval: {error}")
         return 1
     (Path(cfg.out) / "config.yaml").write_text(dump_config(cfg))

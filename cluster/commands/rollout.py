@@ -28,8 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from cluster.config import ConfigError, dump_config, load_config
+    from cluster.dispatch import NoWorkersLeft
     from cluster.rollout import RolloutConfig, init_ray, rollout_logs, run_rollout
     from envs.corpus_server import CorpusServerError
+    from rollout.fleet import EngineStartError
 
     try:
         cfg = load_config(RolloutConfig, args.config, args.overrides)
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         init_ray(cfg.ray, None if args.verbose else rollout_logs(out))
         summary = run_rollout(cfg, out, progress=not args.no_progress)
-    except (ValueError, FileNotFoundError, CorpusServerError) as error:
+    except (ValueError, FileNotFoundError, CorpusServerError, NoWorkersLeft, EngineStartError) as error:
         print(f"turnstile rollout: {error}")
         return 1
     out.with_suffix(".config.yaml").write_text(dump_config(cfg))

@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from cluster.train import TrainJob, check, learning_line, run_train, where_outputs_are
     from envs.corpus_server import CorpusServerError
     from rewards.service import RewardServiceError
+    from rollout.fleet import EngineStartError
     from rollout.store import StoreError
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         init_ray(job.rollout.ray, worker_logs(Path(job.out), args.verbose))
         state = run_train(job, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, CorpusServerError, StoreError, RewardServiceError,
-            NoWorkersLeft) as error:  # each says what to do
+            NoWorkersLeft, EngineStartError) as error:  # each says what to do
         print(f"turnstile train: {error}")
         return 1
     print(f"done: {state.step} steps, weights version {state.weights_version}")

@@ -52,6 +52,7 @@ import torch
 
 from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
 from rollout.engines.config import EngineConfig
+from rollout.errors import describe_error
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
@@ -88,6 +89,7 @@ class VllmEngine:
         self._in_flight: set[str] = set()
         self.reused_prompt_tokens = 0  # prompt tokens score() read from the prefix cache
         self._closed = False
+        self._start_failure = ""  # why vLLM could not start: said again, never tried again
         self.startup_seconds: float | None = None
 
     @classmethod
@@ -112,17 +114,19 @@ class VllmEngine:
         if self._llm is not None:
             return self._llm
         async with self._start_lock:
+            if self._start_failure:  # one start per engine: a failure is not worth a second try
+                raise RuntimeError(self._start_failure)
             if self._llm is None:
                 began = time.monotonic()
                 try:
                     self._llm = self._build()
                 except Exception as error:  # vLLM raises bare RuntimeErrors; add what to check
-                    raise RuntimeError(
-                        f"vLLM could not start on {model_path(self.config)} ({error}); the cause "
-                        "is in vLLM's log above. On CPU check that the model's head_dim is one "
-                        "vLLM-CPU supports (32, 64, 128, ...; not 16) and that "
-                        "engine.vllm.kv_cache_memory_bytes holds engine.max_model_len tokens"
-                    ) from error
+                    self._start_failure = (
+                        f"vLLM could not start on {model_path(self.config)}: {describe_error(error)} "
+                        "(vLLM's log, in the worker logs, has the rest). On CPU check that the "
+                        "model's head_dim is one vLLM-CPU supports (32, 64, 128, ...; not 16) and "
+                        "that engine.vllm.kv_cache_memory_bytes holds engine.max_model_len tokens")
+                    raise RuntimeError(self._start_failure) from error
                 await self._llm.update_weight_version(str(self._version))
                 self.startup_seconds = time.monotonic() - began
                 logger.info("vLLM engine for %s started in %.1f s", self._llm.model_config.model,
