@@ -36,6 +36,7 @@ from envs.toolset import ToolsConfig
 from rollout.context import ContextConfig
 from rollout.engines.config import EngineConfig
 from rollout.engines.registry import check_engine_tasks
+from rollout.engines.shape import follow_model
 from rollout.episode import EpisodeConfig
 from rollout.model_store import resolve_model
 from rollout.summary import RolloutSummary, summarize
@@ -132,6 +133,11 @@ def fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: str
     go to the JSONL file ``events``, when given."""
     env_class(spec.episode.env.kind)
     spec = replace(spec, policy_name=spec.policy_name or f"{engine.kind}:{Path(spec.model).name}")
+    if not engine.max_model_len:
+        # The model's length, or what an episode needs: its context budget and one more turn (the
+        # information-gain scorer appends a gold answer to a context that may be full).
+        with contextlib.suppress(OSError, ValueError):  # an engine without a local model decides itself
+            engine = follow_model(engine, spec.model, spec.episode.context_budget + spec.episode.max_new_tokens)
     with elastic_fleet(engine, config, spec, name, events) as running:
         yield running
 

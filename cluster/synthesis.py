@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
 from envs.protocol import ANSWER_CLOSE, ANSWER_OPEN, REPORT_CLOSE, REPORT_OPEN
 from rollout.engines.config import EngineConfig
+from rollout.engines.shape import follow_model
 from rollout.episode import EpisodeConfig
 from rollout.trajectory import Trajectory
 
@@ -123,7 +124,7 @@ async def synthesize_with_policy(engine: EngineConfig, model: str, episode: Epis
     sampling = SamplingParams(max_new_tokens=episode.max_new_tokens, temperature=episode.sampling.temperature,
                               top_p=episode.sampling.top_p, top_k=episode.sampling.top_k,
                               stop_token_ids=chat.stop_token_ids)
-    actor = engine_actor(replace(engine, model=model))
+    actor = engine_actor(follow_model(engine, model, episode.context_budget + episode.max_new_tokens))
     try:
         await actor.ready.remote()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -298,11 +299,24 @@ async def test_update_weights_in_place(engine: VllmEngine, reference: Reference)
 @pytest.mark.integration
 @pytest.mark.asyncio(loop_scope="session")
 async def test_checkpoint_reload_and_close(tmp_path: Path, reference: Reference) -> None:
-    """A second engine: weights from a checkpoint dir; aclose aborts requests in flight."""
+    """A second engine: weights from a checkpoint dir; aclose aborts requests in flight. Its
+    length and KV cache are left to follow the model, a copy of the tiny one whose config says 512
+    positions: vLLM takes the 512 and the KV cache sized from the model's shape."""
+    import json
+    import shutil
+
     from safetensors.torch import save_file
 
-    checkpoint = VllmEngine.from_config(engine_config(weight_sync="checkpoint",
-                                                      checkpoint_dir=str(tmp_path)))
+    from rollout.engines.shape import CPU_MIN_KV_CACHE_BYTES
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir(), model)
+    settings = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**settings, "max_position_embeddings": 512}))
+    config = engine_config(weight_sync="checkpoint", checkpoint_dir=str(tmp_path))
+    checkpoint = VllmEngine.from_config(replace(config, model=str(model), max_model_len=0,
+                                                vllm=replace(config.vllm, kv_cache_memory_bytes=0)))
+    assert checkpoint.config.max_model_len == 512
     try:
         weights = reference.perturbed(seed=2)
         tied = {"lm_head.weight"} if reference.model.config.tie_word_embeddings else set()
@@ -313,6 +327,9 @@ async def test_checkpoint_reload_and_close(tmp_path: Path, reference: Reference)
         await checkpoint.update_weights(5, {})
         out = await checkpoint.generate(PROMPT, GREEDY)
         assert out.weights_version == 5
+        llm = checkpoint._llm  # what vLLM took
+        assert llm is not None and llm.model_config.max_model_len == 512
+        assert llm.vllm_config.cache_config.kv_cache_memory_bytes == CPU_MIN_KV_CACHE_BYTES  # 4 x 512 tokens < 256 MiB
         full = PROMPT + list(out.token_ids)
         assert_close(out.logprobs, reference.logprobs(full, len(PROMPT), len(full)))
 

@@ -19,11 +19,11 @@ class HFEngineConfig:
 @dataclass
 class VllmEngineConfig:
     # On GPUs, vLLM's own sizing. On CPU it is a share of the memory node minus the process' own
-    # memory, which is fragile; kv_cache_memory_bytes (0 = 256 MiB on CPU) is what sizes it there.
+    # memory, which is fragile; kv_cache_memory_bytes is what sizes it there.
     gpu_memory_utilization: float = 0.05
-    # KV cache size in bytes; 0 = size it from gpu_memory_utilization. On vLLM-CPU that rule takes
-    # the share of the NUMA node's RAM minus the whole process's memory and fails at small shares,
-    # so there 0 means 256 MiB (plenty for the tiny model at the full max_model_len).
+    # KV cache size in bytes; 0 = on GPUs size it from gpu_memory_utilization, on CPU from the
+    # model: 4 sequences of max_model_len tokens, at least 256 MiB (rollout/engines/shape.py). A size
+    # that cannot hold one sequence is refused at start, with the size that would.
     kv_cache_memory_bytes: int = 0
     enforce_eager: bool = True
     max_num_seqs: int = 64
@@ -62,7 +62,9 @@ class EngineConfig:
     model: str = ""
     dtype: str = "float32"
     seed: int = 0
-    max_model_len: int = 65536
+    # Longest sequence (prompt + generation) the engine takes; 0 = follow the model: its config's
+    # maximum positions, or in a run no more than the context budget and one turn need.
+    max_model_len: int = 0
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     vllm: VllmEngineConfig = field(default_factory=VllmEngineConfig)
     scripted: ScriptedEngineConfig = field(default_factory=ScriptedEngineConfig)

@@ -41,6 +41,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
 from rollout.engines.config import EngineConfig
+from rollout.engines.shape import follow_model
 from rollout.model_store import resolve_model
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
@@ -111,8 +112,10 @@ class HFEngine:
         """Load ``config.model`` (the default tiny model when empty) on ``config.hf.device``."""
         if config.hf.max_batch < 1:
             raise ValueError(f"engine.hf.max_batch must be >= 1, got {config.hf.max_batch}")
+        if config.max_model_len == 0:
+            config = follow_model(config, resolve_model(config.model))
         if config.max_model_len < 2:
-            raise ValueError(f"engine.max_model_len must be >= 2, got {config.max_model_len}")
+            raise ValueError(f"engine.max_model_len must be >= 2 (or 0: follow the model), got {config.max_model_len}")
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model(config.model), dtype=torch_dtype(config.dtype),
             attn_implementation=config.hf.attn_implementation,

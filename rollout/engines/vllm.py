@@ -52,6 +52,7 @@ import torch
 
 from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
 from rollout.engines.config import EngineConfig
+from rollout.engines.shape import follow_model, kv_cache_bytes, model_shape
 from rollout.errors import describe_error
 
 if TYPE_CHECKING:
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WEIGHT_SYNC_MODES = ("inplace", "checkpoint", "nccl")
-CPU_DEFAULT_KV_CACHE_BYTES = 256 << 20
 _WORKER_EXTENSION = "rollout.engines.vllm_cpu.WeightUpdateExtension"
 _FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH}
 
@@ -81,6 +81,8 @@ class VllmEngine:
         if config.vllm.weight_sync == "checkpoint" and not config.vllm.checkpoint_dir:
             raise ValueError("engine.vllm.weight_sync=checkpoint needs engine.vllm.checkpoint_dir "
                              "(the directory the learner writes safetensors to)")
+        if not config.max_model_len:
+            config = follow_model(config, model_path(config))
         self.config = config
         self._llm: AsyncLLM | None = None
         self._start_lock = asyncio.Lock()
@@ -143,9 +145,7 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         config, section = self.config, self.config.vllm
-        kv_cache_bytes = section.kv_cache_memory_bytes or None
-        if kv_cache_bytes is None and current_platform.is_cpu():
-            kv_cache_bytes = CPU_DEFAULT_KV_CACHE_BYTES
+        kv_cache = kv_cache_bytes(config, model_shape(model_path(config)), cpu=current_platform.is_cpu())
         args = AsyncEngineArgs(
             model=model_path(config),
             dtype=config.dtype,  # type: ignore[arg-type]  # a str in the config; vLLM checks the name
@@ -153,7 +153,7 @@ class VllmEngine:
             max_model_len=config.max_model_len,
             enforce_eager=section.enforce_eager,
             gpu_memory_utilization=section.gpu_memory_utilization,
-            kv_cache_memory_bytes=kv_cache_bytes,
+            kv_cache_memory_bytes=kv_cache,
             max_num_seqs=section.max_num_seqs,
             enable_prefix_caching=section.enable_prefix_caching,
             tensor_parallel_size=section.tensor_parallel_size,
