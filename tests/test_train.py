@@ -129,7 +129,10 @@ def test_gpu_cluster_example_is_a_valid_experiment() -> None:
     # The example's Redis lives on the cluster: its persistence is checked there, at start.
     job = load_config(TrainJob, EXAMPLE.parent / "train_gpu.yaml", ["store.require_durable=false"])
     check(job)  # the estimator's and the rewards' options
-    assert job.mode == "async" and job.learner.dp == 4 and job.learner.gpu is True
+    assert job.mode == "async" and job.learner.gpu is True
+    # four policy GPUs, each sample split over two, a token budget that holds half of the longest
+    assert job.learner.processes == 4 and job.learner.sequence_parallel == 2
+    assert job.learner.max_tokens_per_gpu * job.learner.sequence_parallel >= job.learner.max_length
     assert job.rollout.fleet.engine_replicas > 1 and job.rollout.fleet.engine_gpus == 1
     assert job.rollout.engine.vllm.weight_sync == "checkpoint" and job.store.kind == "redis"
     assert job.learner.mini_batch % job.learner.dp == 0
