@@ -73,10 +73,12 @@ def test_the_rayjob_runs_a_valid_train_config_that_fits_the_cluster() -> None:
     assert autoscale.enabled and autoscale.min_engines <= fleet.engine_replicas <= autoscale.max_engines
     groups = {group["groupName"]: group for group in cluster["spec"]["workerGroupSpecs"]}
     gpu_pods, cpu_pods = groups["gpu"], groups["cpu"]
-    # One GPU pod per engine replica and per learner rank, at the largest fleet.
+    # One GPU pod per engine replica and per learner rank (the policy's, and the KL reference's), at
+    # the largest fleet.
     assert fleet.engine_gpus == 1 and train.learner.gpu
-    assert autoscale.max_engines + train.learner.dp <= gpu_pods["maxReplicas"]
-    assert 1 + train.learner.dp <= gpu_pods["minReplicas"]
+    learner_gpus = train.learner.processes * (2 if train.learner.kl_coef > 0 else 1)
+    assert autoscale.max_engines + learner_gpus <= gpu_pods["maxReplicas"]
+    assert 1 + learner_gpus <= gpu_pods["minReplicas"]
     assert fleet.engine_cpus <= float(limits(gpu_pods["template"])["cpu"])
     per_pod = float(limits(cpu_pods["template"])["cpu"]) // fleet.worker_cpus
     assert autoscale.max_workers <= per_pod * cpu_pods["maxReplicas"]
