@@ -65,29 +65,19 @@ def worker_pid(learner: Learner) -> int:
     return int(ray.get(worker.__ray_call__.remote(lambda _self: os.getpid())))
 
 
-def reset_peak(pid: int) -> None:
-    with open(f"/proc/{pid}/clear_refs", "w") as clear:
-        clear.write("5")  # VmHWM := VmRSS
-
-
-def peak_rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/{pid}/status has no VmHWM: this benchmark needs Linux")
-
-
 def measure(learner: Learner, update: str, sample: Sample) -> dict[str, float]:
+    from memory import reset_peak, status_kb  # benchmarks/memory.py, on the path of a script run from there
+
     pid = worker_pid(learner)
-    reset_peak(pid)
+    if not reset_peak(pid):
+        raise RuntimeError(f"cannot reset the peak RSS of process {pid} (/proc/{pid}/clear_refs)")
     started = time.perf_counter()
     report = learner.train_sft([sample]) if update == "sft" else learner.train_rl([sample])
     seconds = time.perf_counter() - started
     tokens = length(sample)
     if report.truncated_tokens:
         raise RuntimeError(f"{report.truncated_tokens} tokens were cut: raise MAX_LENGTH")
-    return {"seconds": seconds, "tokens_per_s": tokens / seconds, "peak_rss": peak_rss(pid)}
+    return {"seconds": seconds, "tokens_per_s": tokens / seconds, "peak_rss": status_kb("VmHWM", pid)}
 
 
 def load_rows(path: Path) -> list[dict[str, Any]]:

@@ -93,6 +93,12 @@ def tokens_per_gpu(config: LearnerConfig) -> int:
     return -(-config.micro_batch * config.max_length // config.sequence_parallel)
 
 
+def head_rows(config: LearnerConfig) -> int:
+    """Positions the LM head projects at once: a chunk, or every token of the forward."""
+    tokens = tokens_per_gpu(config)
+    return min(config.head_chunk, tokens) if config.head_chunk else tokens
+
+
 def policy_memory(shape: Shape, config: LearnerConfig) -> dict[str, float]:
     gpus = config.processes
     tokens = tokens_per_gpu(config)
@@ -106,17 +112,14 @@ def policy_memory(shape: Shape, config: LearnerConfig) -> dict[str, float]:
         parts["activations: the recomputed layer"] = shape.layer_activations(tokens) + 2 * 2.0 * tokens * shape.mlp
     else:
         parts["activations: every layer"] = shape.layer_activations(tokens) * shape.layers
-    rows = min(config.head_chunk, tokens) if config.head_chunk else tokens
-    parts["LM head: logits, their grad, fp32 softmax"] = rows * shape.vocab * (2 + 2 + 4.0)
+    parts["LM head: logits, their grad, fp32 softmax"] = head_rows(config) * shape.vocab * (2 + 2 + 4.0)
     parts["CUDA context, NCCL, fragmentation"] = OVERHEAD
     return parts
 
 
 def reference_memory(shape: Shape, config: LearnerConfig) -> float:
-    tokens = tokens_per_gpu(config)
-    rows = min(config.head_chunk, tokens) if config.head_chunk else tokens
     return (2.0 * shape.params / config.processes + 2.0 * max(shape.layer_params, shape.embedding_params) * 2
-            + shape.layer_activations(tokens) + rows * shape.vocab * 4.0 + OVERHEAD)
+            + shape.layer_activations(tokens_per_gpu(config)) + head_rows(config) * shape.vocab * 4.0 + OVERHEAD)
 
 
 def main() -> None:

@@ -99,13 +99,13 @@ MB = 1 << 20
 
 # ---- reading the process' memory -----------------------------------------------------------------
 
-def status_kb(field: str) -> int:
-    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in bytes."""
-    with open("/proc/self/status") as status:
+def status_kb(field: str, pid: int | str = "self") -> int:
+    """A ``kB`` field of ``/proc/PID/status`` (``VmRSS``, ``VmHWM``; this process by default), in bytes."""
+    with open(f"/proc/{pid}/status") as status:
         for line in status:
             if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}: this benchmark needs Linux")
+    raise RuntimeError(f"/proc/{pid}/status has no {field}: this benchmark needs Linux")
 
 
 def settled_rss(trim: bool = False) -> int:
@@ -120,10 +120,10 @@ def settled_rss(trim: bool = False) -> int:
     return status_kb("VmRSS")
 
 
-def reset_peak() -> bool:
-    """Reset the peak RSS (``VmHWM``) to the current RSS; False where the kernel does not allow it."""
+def reset_peak(pid: int | str = "self") -> bool:
+    """Reset a process' peak RSS (``VmHWM``) to its current RSS; False where the kernel does not allow it."""
     try:
-        with open("/proc/self/clear_refs", "w") as clear:
+        with open(f"/proc/{pid}/clear_refs", "w") as clear:
             clear.write("5")
     except OSError:
         return False

@@ -119,7 +119,10 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
     drop_partial_line(results)
     done = {(row["benchmark"], row["task_id"], row["sample"]) for row in read_results(results)}
     reports: dict[tuple[str, str, int], str] = {}  # this run's samples' final reports (for synth@n)
-    ran: list[Trajectory] = []
+    # Whether this run measured anything: its first failed sample, and whether any other ran through
+    # (not every trajectory: a long eval's would all be held until the end).
+    first_failure: Trajectory | None = None
+    any_ran_through = False
     rollout = cfg.rollout
     init_ray(rollout.ray)
     model = resolve_model(rollout.engine.model)
@@ -153,7 +156,10 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                     while dispatcher.busy:
                         finished = dispatcher.wait(timeout=1.0)
                         for trajectory in judge(finished, by_uid, tasks_by_uid):
-                            ran.append(trajectory)
+                            if trajectory.stop_reason not in FAILED:
+                                any_ran_through = True
+                            elif first_failure is None:
+                                first_failure = trajectory
                             report = final_report(trajectory)
                             benchmark = by_uid[trajectory.uid]
                             row = result_row(benchmark, trajectory, report)
@@ -162,9 +168,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                             bar.update(1)
                         sink.flush()
         bar.close()
-    failure = nothing_ran(ran, "sample")
-    if failure:
-        raise EvalError(failure)
+    if first_failure is not None and not any_ran_through:
+        raise EvalError(nothing_ran([first_failure], "sample"))
     rows = list(read_results(results))
     summary = summarize_results(cfg, iter(rows), task_lists)
     if cfg.synthesis.enabled:
