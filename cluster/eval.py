@@ -8,7 +8,8 @@ used, ``benchmarks`` and ``k`` are), run the samples not yet in ``OUT/results.js
 
 - **Outputs.** ``OUT/results.jsonl``, one line per (benchmark, question, sample), appended as each
   episode ends; ``OUT/summary.json``, per benchmark its questions, k and every score as
-  ``[mean, low, high]``; the same as a table on the console; ``OUT/eval.png``, pass@k against k,
+  ``[mean, low, high]`` (with the share of samples answered and of turns well formed); the same as a
+  table on the console; ``OUT/eval.png``, pass@k against k,
   the browse ratio of correct and wrong samples and the turns per sample.
 - **Resumable.** A killed eval continues with the samples it has no line for; a line cut short by
   the kill is cut off (and its sample run again).
@@ -263,6 +264,8 @@ def result_row(bench: BenchmarkConfig, trajectory: Trajectory, report: str | Non
             "answer": None if bench.encrypted else answer,
             "answer_key": hashlib.sha256(normalize_answer(answer).encode()).hexdigest()[:16] if answer else None,
             "correct": is_correct(trajectory), "turns": len(trajectory.turns), "tool_calls": len(tools),
+            "well_formed": (sum(turn.format_ok for turn in trajectory.turns) / len(trajectory.turns)
+                            if trajectory.turns else 0.0),
             "browse_ratio": browse_ratio([trajectory]), "stop_reason": trajectory.stop_reason.value,
             "wall_s": round(trajectory.wall_s, 3),
             "score": trajectory.outcome if trajectory.outcome is not None else 0.0,  # the judge's
@@ -307,20 +310,26 @@ def _json_lines(path: Path) -> Iterator[dict]:
 
 
 def summarize_results(cfg: EvalConfig, rows: Iterator[dict], task_lists: list) -> dict[str, dict[str, object]]:
-    """Per benchmark: its questions, k and the scores over the questions that have all k samples."""
+    """Per benchmark: its questions, k and the scores over the questions that have all k samples;
+    with them, per question over its k samples, the share answered and the share of turns well
+    formed (the protocol: a model that writes none never reaches its tools)."""
     samples: dict[tuple[str, str], dict[int, dict]] = {}
     for row in rows:
         samples.setdefault((row["benchmark"], row["task_id"]), {})[int(row["sample"])] = row
     summary = {}
     for bench, tasks in zip(cfg.benchmarks, task_lists, strict=True):
-        questions, f1 = [], []
+        questions, f1, answered, well_formed = [], [], [], []
         for task in tasks:
             got = samples.get((bench.name, task.id), {})
             if all(s in got for s in range(cfg.k)):
                 ordered = [got[s] for s in range(cfg.k)]
                 questions.append(([r["answer_key"] for r in ordered], [bool(r["correct"]) for r in ordered]))
                 f1.append(sum(float(r.get("score", 0.0)) for r in ordered) / cfg.k)
-        summary[bench.name] = {"tasks": len(questions), "k": cfg.k, **benchmark_scores(questions, cfg.k)}
+                answered.append(sum(r["answer_key"] is not None for r in ordered) / cfg.k)
+                well_formed.append(sum(float(r.get("well_formed", 0.0)) for r in ordered) / cfg.k)
+        summary[bench.name] = {"tasks": len(questions), "k": cfg.k, **benchmark_scores(questions, cfg.k),
+                               "answered": list(mean_interval(answered)),
+                               "well_formed": list(mean_interval(well_formed))}
         if bench.judge.kind == "f1":
             summary[bench.name][f"f1@{cfg.k}"] = list(mean_interval(f1))
     return summary
@@ -374,5 +383,5 @@ def render(summary: dict[str, dict[str, object]]) -> str:
         for key, value in scores.items():
             if isinstance(value, list):
                 mean, low, high = value
-                lines.append(f"  {key:<8} {100 * mean:5.1f}%  [{100 * low:5.1f}, {100 * high:5.1f}]")
+                lines.append(f"  {key:<11} {100 * mean:5.1f}%  [{100 * low:5.1f}, {100 * high:5.1f}]")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import ray
@@ -166,9 +166,14 @@ def init_ray(cfg: RayConfig, logs: Path | None = None) -> None:
 
 
 def expert_engine(engine: EngineConfig, data: DatasetConfig) -> EngineConfig:
-    """The engine config with the scripted expert told which synthetic questions it answers: the
-    data's own options, unless ``engine.scripted.questions`` says otherwise."""
-    if data.kind != "synthetic" or engine.scripted.questions or not data.options:
+    """The engine config with the scripted expert told which questions it answers: the synthetic
+    data's own options, unless ``engine.scripted.questions`` says otherwise; another data set's
+    tasks (their clue chains), unless ``engine.scripted.data`` names one."""
+    if data.kind != "synthetic":
+        if engine.kind != "scripted" or engine.scripted.data:
+            return engine
+        return replace(engine, scripted=replace(engine.scripted, data=asdict(data)))
+    if engine.scripted.questions or not data.options:
         return engine
     return replace(engine, scripted=replace(engine.scripted, questions=dict(data.options)))
 

@@ -10,12 +10,14 @@ Any Hugging Face model directory (or hub name on a real cluster) works in its pl
 Build it explicitly with ``turnstile build-model``; :func:`ensure_default_model` builds it on first
 use, under a file lock so concurrent workers don't race.
 
-Three models are known by name (:func:`resolve_model`): ``tiny-qwen3``, the random-weight model
-above (also what an empty ``model`` means); ``tiny-qwen3-sft``, the same model after SFT on the
-scripted expert; and ``tiny-qwen3-mixed``, the warm start of the embedded default ``turnstile
-train`` — ``tiny-qwen3-sft`` after SFT on the trajectories of two agents, the expert and a hasty one
-that answers without opening a page (:mod:`cluster.warm_start`). The last two are committed under
-``rollout/models/``: their recipes take longer than a first run may.
+Models known by name (:func:`resolve_model`): ``tiny-qwen3``, the random-weight model above (also
+what an empty ``model`` means); ``tiny-qwen3-sft``, the same model after SFT on the scripted expert;
+``tiny-qwen3-mixed``, the warm start of the embedded default ``turnstile train`` —
+``tiny-qwen3-sft`` after SFT on the trajectories of two agents, the expert and a hasty one that
+answers without opening a page (:mod:`cluster.warm_start`); the last two are committed under
+``rollout/models/``: their recipes take longer than a first run may. And the pretrained models
+packages ship (:mod:`rollout.model_packages`: ``smollm2-135m-instruct``), converted into the cache
+on first use like ``tiny-qwen3``.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from rollout.model_packages import PACKAGED_MODELS
 
 if TYPE_CHECKING:
     from envs.tools.base import JsonObject
@@ -92,27 +96,47 @@ def default_model_path(spec: TinyModelSpec | None = None) -> Path:
 def ensure_default_model(spec: TinyModelSpec | None = None) -> Path:
     """The default model's directory, built first if it is missing (safe across processes)."""
     spec = spec or TinyModelSpec()
-    target = default_model_path(spec)
+    return _ensure_built(default_model_path(spec), lambda target: build_tiny_model(target, spec))
+
+
+def packaged_model_path(name: str) -> Path:
+    """Where a packaged model is converted to in the cache."""
+    spec = PACKAGED_MODELS[name]
+    return cache_root() / "models" / f"{spec.name}-{spec.package}-{spec.version}"
+
+
+def ensure_packaged_model(name: str) -> Path:
+    """A packaged model's directory in the cache, converted first if it is missing (raises
+    :class:`rollout.model_packages.PackageMissing` when its package is not installed)."""
+    from rollout.model_packages import build_packaged_model
+
+    return _ensure_built(packaged_model_path(name), lambda target: build_packaged_model(target, name))
+
+
+def _ensure_built(target: Path, build: Callable[[Path], Path]) -> Path:
     if (target / BUILD_INFO).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{spec.dirname}.lock", "w") as lock:
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / BUILD_INFO).is_file():
-            build_tiny_model(target, spec)
+            build(target)
     return target
 
 
 def resolve_model(model: str) -> str:
     """A config's ``model`` value as a path or hub name: "" and ``tiny-qwen3`` mean the random tiny
     model (built on first use), ``tiny-qwen3-sft`` and ``tiny-qwen3-mixed`` (the warm start) the
-    committed models; the output directory of a ``turnstile train`` or ``turnstile sft`` run means
-    the policy it saved last (its ``model/``, written with each checkpoint); anything else is a model
-    directory or hub name, returned as given."""
+    committed models, ``smollm2-135m-instruct`` the packaged model (converted on first use); the
+    output directory of a ``turnstile train`` or ``turnstile sft`` run means the policy it saved
+    last (its ``model/``, written with each checkpoint); anything else is a model directory or hub
+    name, returned as given."""
     if model in ("", RANDOM_MODEL):
         return str(ensure_default_model())
     if model in COMMITTED_MODELS:
         return str(committed_model_path(model))
+    if model in PACKAGED_MODELS:
+        return str(ensure_packaged_model(model))
     run = Path(model)
     if not (run / "config.json").is_file() and (run / RUN_MODEL / "config.json").is_file():
         return str(run / RUN_MODEL)

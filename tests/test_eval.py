@@ -24,7 +24,7 @@ from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.protocol import StopReason
 from envs.tasks import Task
 from rewards.base import RewardSpec
-from rollout.trajectory import Trajectory
+from rollout.trajectory import Segment, Trajectory, Turn
 from tests.openai_server import Reply, chat_server
 
 pytestmark = pytest.mark.integration
@@ -179,8 +179,14 @@ def test_the_judge_scores_each_sample_and_f1_is_reported_beside_exact_match() ->
                           stop_reason=StopReason.ANSWERED, answer=answer)
                for i, answer in enumerate(["Paris", "paris, France", None])]
     samples[2].stop_reason = StopReason.NO_ANSWER
+    def turn(index: int, ok: bool) -> Turn:
+        return Turn(index=index, response_ids=[1], response_logprobs=[0.0], weights_version=0, context_len=1,
+                    finish_reason="stop", format_ok=ok)
+    samples[0].segments = [Segment(prompt_ids=[1], turns=[turn(0, False), turn(1, True)])]  # malformed, answer
+    samples[1].segments = [Segment(prompt_ids=[1], turns=[turn(0, True)])]
     judge(samples, {"qa/t1": bench}, {"qa/t1": task})
     rows = [result_row(bench, t) for t in samples]
+    assert [row["well_formed"] for row in rows] == [0.5, 1.0, 0.0]
     assert [row["correct"] for row in rows] == [False, True, False]
     assert [row["score"] for row in rows] == [pytest.approx(2 / 3), 1.0, 0.0]
     assert rows[0]["answer"] == "Paris" and rows[2]["answer"] is None and rows[2]["answer_key"] is None
@@ -188,6 +194,7 @@ def test_the_judge_scores_each_sample_and_f1_is_reported_beside_exact_match() ->
     summary = summarize_results(cfg, iter(rows), [[task]])["qa"]
     assert summary["tasks"] == 1 and summary["f1@3"][0] == pytest.approx((2 / 3 + 1) / 3)
     assert summary["pass@1"][0] == pytest.approx(1 / 3) and summary["pass@3"][0] == 1.0
+    assert summary["answered"][0] == pytest.approx(2 / 3) and summary["well_formed"][0] == pytest.approx(0.5)
 
 
 def test_synth_at_n_reads_the_first_n_reports_through_a_local_openai_server(tmp_path: Path) -> None:

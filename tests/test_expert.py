@@ -196,3 +196,20 @@ def test_expert_command_prints_the_report(capsys: pytest.CaptureFixture[str]) ->
     assert command.run(args) == 0
     out = capsys.readouterr().out
     assert "questions: 3" in out and "accuracy:" in out and ">= 100 tool calls" in out
+
+
+async def test_follows_the_clue_chains_of_hotpotqa_through_the_tools(shared_data) -> None:  # noqa: ANN001
+    """On a data set with evidence (HotpotQA), the expert is an oracle: it searches each clue's page by
+    its title, opens the listed result at the clue's address (many hold parentheses) and answers."""
+    from envs.datasets.hotpotqa import read_hotpotqa
+
+    loaded = read_hotpotqa(shared_data / "multihop/hotpotqa_dev500.jsonl", f"{BASE}/wiki/")
+    toolbox = memory_toolbox(loaded.corpus)
+    tasks = loaded.tasks[:30]
+    assert sum("(" in url for task in tasks for clue in task.clues or () for url in clue.evidence_urls) >= 3
+    results = [await run_expert_episode(task, toolbox, EnvConfig()) for task in tasks]
+    wrong = [(r.question, r.answer, r.gold) for r in results if not r.correct]
+    assert not wrong, wrong
+    assert all(r.tool_calls >= 2 * len(task.clues or ()) for r, task in zip(results, tasks, strict=True))
+    with pytest.raises(ValueError, match="no clue chain with evidence pages"):
+        ScriptedExpert(Task(id="x", question="Who?", answers=("a",)))

@@ -29,6 +29,16 @@ def test_search_results_and_exact_title_match() -> None:
     assert reading.search_results(render_tool_response("No results found for 'x'.")) == []
 
 
+def test_a_result_address_may_hold_parentheses() -> None:
+    """Wikipedia's addresses do (HotpotQA's pages live at them): the whole address is read."""
+    listing = render_tool_response(format_results("Tosca", [
+        SearchHit("Tosca (1956 film)", "http://h/wiki/Tosca_(1956_film)", "Tosca is a 1956 Italian film."),
+        SearchHit("Tosca", "http://h/wiki/Tosca", "An opera by Puccini."),
+    ]))
+    assert [r.url for r in reading.search_results(listing)] == ["http://h/wiki/Tosca_(1956_film)", "http://h/wiki/Tosca"]
+    assert reading.find_page(listing, "Tosca (1956 film)") == "http://h/wiki/Tosca_(1956_film)"
+
+
 def test_page_text_facts_and_members() -> None:
     text = reading.page_text(PAGE)
     assert text is not None and text.startswith("Korvath Institute")

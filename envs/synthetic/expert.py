@@ -21,6 +21,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from envs.protocol import FINAL_ANSWER_INSTRUCTION, render_answer, render_tool_call
 from envs.synthetic import reading, schema
@@ -69,9 +70,13 @@ class ScriptedExpert:
             self._script = self._chain()
         elif kind == "aggregate":
             self._script = self._aggregate()
+        elif task.clues and all(clue.evidence_urls for clue in task.clues):
+            self._script = self._clue_chain()
         else:
-            raise ValueError(f"task {task.id!r} has no synthetic plan (metadata.kind is {kind!r}); "
-                             "the scripted expert only solves tasks from envs.synthetic.questions")
+            raise ValueError(f"task {task.id!r} has no synthetic plan (metadata.kind is {kind!r}) and no "
+                             "clue chain with evidence pages; the scripted expert solves tasks from "
+                             "envs.synthetic.questions and tasks whose clues name their pages (HotpotQA, "
+                             "MuSiQue)")
         self._started = False
         self._fallback = "unknown"
 
@@ -184,6 +189,52 @@ class ScriptedExpert:
         yield render_answer(guess.title, f"I answer from the search listing without opening a page: "
                                          f"[{guess.title}]({guess.url}) is listed with {name}.")
 
+    # ---- clue chains (HotpotQA, MuSiQue: a data set's evidence pages) ----------------------------
+
+    def _clue_chain(self) -> Script:
+        """Follow the task's clues in hop order: search for each evidence page by its title, open the
+        result at the clue's address, and quote the clue's sentence; answer with the first accepted
+        answer after the last page. It uses what the data set knows (which page holds each hop) as
+        the synthetic chain uses its plan: an oracle, reading the pages through the real tools."""
+        clues = self.task.clues or ()
+        answer = self.task.answers[0]
+        read = ""
+        try:
+            for hop, clue in enumerate(clues, start=1):
+                address = _address(clue.evidence_urls[0])
+                title = _title_of(address)
+                why = (f"{read}Next I need the page of {title}." if hop > 1 else
+                       f"To answer this I need the page of {title} first.")
+                yield from self._open_address(title, address, clue.text, why)
+                if clue.role == "answer":
+                    self._fallback = answer
+                read = f"The page of {title} says: {clue.text} "  # the clue is the page's sentence
+            yield render_answer(answer, f"{read}So the answer is {answer}.")
+        except _GiveUp as stuck:
+            yield render_answer(self._fallback, f"I could not read every page I needed ({stuck}); I "
+                                                "answer with what I have.")
+
+    def _open_address(self, title: str, address: str, fact: str, why: str) -> Generator[str, str, str]:
+        """Find the result whose address ends in ``address`` (searching the title, then the fact)
+        and read it; returns its text (raises _GiveUp)."""
+        url = None
+        for attempt, query in enumerate(dict.fromkeys([title, fact[:120]])):
+            think = (f"{why} I search for {title}." if attempt == 0 else
+                     f"The search did not list the page of {title}; I search for what it should say.")
+            listing = reading.search_results((yield self._search(query, think)))
+            url = next((result.url for result in listing if _address(result.url) == address), None)
+            if url is not None:
+                break
+        if url is None:
+            raise _GiveUp(f"no search listed the page of {title}")
+        for attempt in range(self.config.max_visit_attempts):
+            think = (f"The search lists [{title}]({url}). I open it." if attempt == 0 else
+                     f"The visit did not return the page text; I try {url} again.")
+            text = reading.page_text((yield self._visit(url, f"Find what {title} says", think)))
+            if text is not None:
+                return text
+        raise _GiveUp(f"the page of {title} could not be read")
+
     # ---- aggregation questions ---------------------------------------------------------------
 
     def _aggregate(self) -> Script:
@@ -246,6 +297,17 @@ def _aggregate_answer(op: str, spec: schema.AttributeSpec, filter_value: JsonVal
         year, name = min(known)
         return name, f"{read} The earliest birth year is {year}, that of {name}."
     raise ValueError(f"unknown aggregation {op!r} in the task plan")
+
+
+def _address(url: str) -> str:
+    """A page address's last part, unquoted (``Big_Stone_Gap_(film)``, however it was escaped)."""
+    return unquote(url.rstrip("/").rsplit("/", 1)[-1])
+
+
+def _title_of(address: str) -> str:
+    """A page's title from its address (``Kiss_and_Tell_(1945_film)``; a hashed address's readable
+    part, which is a good query though not always the exact title)."""
+    return address.split("~", 1)[0].replace("_", " ").strip() or address
 
 
 def _list(value: JsonValue) -> Sequence[JsonValue]:

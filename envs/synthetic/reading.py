@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from envs.protocol import RESPONSE_CLOSE, RESPONSE_OPEN
 
-_RESULT = re.compile(r"^\s*\d+\.\s*\[(?P<title>.*)\]\((?P<url>[^()\s]+)\)\s*$", re.MULTILINE)
+# A result line: ``N. [title](url)``; the URL may hold balanced parentheses (``/wiki/Tosca_(1956_film)``).
+_RESULT = re.compile(r"^\s*\d+\.\s*\[(?P<title>.*)\]\((?P<url>(?:[^()\s]|\([^()\s]*\))+)\)\s*$", re.MULTILINE)
 _CONTENT_HEADER = re.compile(r"^Content of (?P<url>\S+) \(goal: .*\):$", re.MULTILINE)
 _BULLET = r"^[ \t]*(?:[-*\u2022][ \t]*)?"
 _MEMBER = re.compile(_BULLET + r"Member:[ \t]*(?P<name>.+?)[ \t]*\(joined in \d+\)[ \t]*$", re.MULTILINE)

@@ -37,7 +37,7 @@ class VllmEngineConfig:
 
 @dataclass
 class ScriptedEngineConfig:
-    mode: str = "expert"  # "expert": the synthetic world's scripted expert; "replay": recorded turns
+    mode: str = "expert"  # "expert": the scripted expert (synthetic plans, clue chains); "replay": recorded turns
     replay_path: str = ""  # trajectories JSONL for mode=replay
     report: bool = False  # write a <report> block (iter_research protocol)
     # the share of chain questions the expert answers from the search listing, unread (a guess)
@@ -45,6 +45,9 @@ class ScriptedEngineConfig:
     world_seed: int = 0
     world_entities: int = 3000
     questions: dict[str, Any] = field(default_factory=dict)  # the synthetic data's options (data.options)
+    # Another data set's tasks, whose clue chains the expert follows (HotpotQA, MuSiQue: a
+    # DatasetConfig's fields); empty: the synthetic world's. A rollout sets it from its own data.
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

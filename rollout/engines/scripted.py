@@ -3,7 +3,9 @@
 It speaks token ids like any engine, so everything around it (episode loop, context managers,
 workers, router, store) runs exactly as with a model.
 
-- ``mode="expert"`` reads its context like a real policy: it decodes the prompt ids of the last
+- ``mode="expert"`` (the synthetic world's questions, or with ``scripted.data`` another data set's
+  tasks, whose clue chains the expert follows: an oracle for HotpotQA) reads its context like a real
+  policy: it decodes the prompt ids of the last
   user message and of the first (the question: its first paragraph) and asks the episode's
   :class:`~envs.synthetic.expert.ScriptedExpert` for its next turn, given the last message as the
   observation. Only those two messages are decoded, so a turn costs the same late in a long episode.
@@ -32,7 +34,7 @@ import torch
 from envs.protocol import REPORT_CLOSE, REPORT_OPEN, THINK_CLOSE, parse_turn
 from envs.synthetic.dataset import question_config
 from envs.synthetic.expert import ExpertConfig, ScriptedExpert
-from envs.synthetic.questions import QuestionConfig, generate_tasks
+from envs.synthetic.questions import generate_tasks
 from envs.synthetic.world import WorldConfig, generate_world
 from envs.tasks import Task
 from rollout.chat import ChatFormat
@@ -118,9 +120,7 @@ class ScriptedEngine:
         chat = ChatFormat.from_pretrained(resolve_model(config.model))
         scripted = config.scripted
         if scripted.mode == "expert":
-            world = generate_world(WorldConfig(seed=scripted.world_seed,
-                                               entities=scripted.world_entities))
-            return cls(chat, tasks=generate_tasks(world, _questions(scripted)), report=scripted.report,
+            return cls(chat, tasks=_expert_tasks(scripted), report=scripted.report,
                        expert=ExpertConfig(hasty_fraction=scripted.hasty_fraction))
         if scripted.mode == "replay":
             if not scripted.replay_path:
@@ -134,9 +134,11 @@ class ScriptedEngine:
         """Refuse, before any actor starts, questions this engine has no script for: the expert
         knows only the synthetic world of ``scripted.world_seed``, a replay only its recordings."""
         scripted = config.scripted
-        if scripted.mode == "expert":
-            world = generate_world(WorldConfig(seed=scripted.world_seed, entities=scripted.world_entities))
-            known = {task.question.strip() for task in generate_tasks(world, _questions(scripted))}
+        if scripted.mode == "expert" and scripted.data:
+            known = {task.question.strip() for task in _expert_tasks(scripted)}
+            what = f"the tasks of engine.scripted.data={dict(scripted.data)}"
+        elif scripted.mode == "expert":
+            known = {task.question.strip() for task in _expert_tasks(scripted)}
             what = (f"the synthetic world's questions (engine.scripted.world_seed={scripted.world_seed}, "
                     f"engine.scripted.questions={dict(scripted.questions)}: the same as data.options); "
                     f"use rollout data.kind=synthetic, or a model engine (vllm, hf)")
@@ -274,6 +276,16 @@ class _Replay:
         return list(turn.response_ids), list(turn.response_logprobs), turn.finish_reason
 
 
-def _questions(scripted: ScriptedEngineConfig) -> QuestionConfig:
-    """The question set the expert answers: the synthetic dataset's, with the same options."""
-    return question_config(dict(scripted.questions))
+def _expert_tasks(scripted: ScriptedEngineConfig) -> list[Task]:
+    """The tasks the expert knows: ``scripted.data``'s (every split: the rollout picks), else the
+    synthetic world's questions with the synthetic data set's options."""
+    if scripted.data:
+        from envs.datasets.registry import DatasetConfig, load_tasks
+
+        # Every split (the rollout picks its tasks); the expert finds a clue's page by the last part of
+        # its address, so the corpus server's address is not needed here.
+        data = DatasetConfig(**{**scripted.data, "split": "all", "shards": 1, "shard": 0, "limit": None,
+                                "url_prefix": scripted.data.get("url_prefix") or "http://corpus/wiki/"})
+        return load_tasks(data)
+    world = generate_world(WorldConfig(seed=scripted.world_seed, entities=scripted.world_entities))
+    return generate_tasks(world, question_config(dict(scripted.questions)))
