@@ -43,7 +43,9 @@ def _eval_rollout() -> RolloutConfig:
 
 @dataclass
 class SftDataConfig:
-    path: str = ""  # `turnstile rollout --out` trajectories or `turnstile data clean --out` rows
+    # `turnstile rollout --out` trajectories or `turnstile data clean --out` rows; several files
+    # comma-separated (each read in its own format), their samples together
+    path: str = ""
     format: str = "auto"  # auto | trajectories | chat
     weighting: str = "unit"  # unit | abc (ABC-SFT per-turn weights)
     resample: str = ""  # turn-aware resampling of trajectories, e.g. "50:1,100:2,inf:5" ("" = none)
@@ -94,8 +96,9 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
     init_ray(job.ray)
     base = resolve_model(job.learner.model)
     chat = ChatFormat.from_pretrained(base)
-    samples = load_sft_samples(job.data.path, chat, fmt=job.data.format, weighting=job.data.weighting,
-                               resample=job.data.resample)
+    samples = [sample for path in job.data.path.split(",") if path.strip()
+               for sample in load_sft_samples(path.strip(), chat, fmt=job.data.format,
+                                              weighting=job.data.weighting, resample=job.data.resample)]
     print(f"sft: {len(samples)} samples from {job.data.path} ({sum(s.num_tokens for s in samples):,} "
           f"tokens before truncation to {job.learner.max_length}), {job.steps} steps of "
           f"{job.learner.mini_batch}, model {base}")

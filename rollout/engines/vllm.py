@@ -54,6 +54,7 @@ from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Gener
 from rollout.engines.config import EngineConfig
 from rollout.engines.shape import follow_model, kv_cache_bytes, model_shape
 from rollout.errors import describe_error
+from rollout.model_store import resolve_model
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
@@ -82,7 +83,7 @@ class VllmEngine:
             raise ValueError("engine.vllm.weight_sync=checkpoint needs engine.vllm.checkpoint_dir "
                              "(the directory the learner writes safetensors to)")
         if not config.max_model_len:
-            config = follow_model(config, model_path(config))
+            config = follow_model(config, resolve_model(config.model))
         self.config = config
         self._llm: AsyncLLM | None = None
         self._start_lock = asyncio.Lock()
@@ -124,7 +125,7 @@ class VllmEngine:
                     self._llm = self._build()
                 except Exception as error:  # vLLM raises bare RuntimeErrors; add what to check
                     self._start_failure = (
-                        f"vLLM could not start on {model_path(self.config)}: {describe_error(error)} "
+                        f"vLLM could not start on {resolve_model(self.config.model)}: {describe_error(error)} "
                         "(vLLM's log, in the worker logs, has the rest). On CPU check that the "
                         "model's head_dim is one vLLM-CPU supports (32, 64, 128, ...; not 16) and "
                         "that engine.vllm.kv_cache_memory_bytes holds engine.max_model_len tokens")
@@ -145,9 +146,9 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         config, section = self.config, self.config.vllm
-        kv_cache = kv_cache_bytes(config, model_shape(model_path(config)), cpu=current_platform.is_cpu())
+        kv_cache = kv_cache_bytes(config, model_shape(resolve_model(config.model)), cpu=current_platform.is_cpu())
         args = AsyncEngineArgs(
-            model=model_path(config),
+            model=resolve_model(config.model),
             dtype=config.dtype,  # type: ignore[arg-type]  # a str in the config; vLLM checks the name
             seed=config.seed,
             max_model_len=config.max_model_len,
@@ -338,15 +339,6 @@ class VllmEngine:
         await llm.start_weight_update()
         await llm.update_weights(WeightTransferUpdateRequest(update_info=asdict(update)))
         await llm.finish_weight_update()  # the caller labels the version
-
-
-def model_path(config: EngineConfig) -> str:
-    """The configured model, or the default tiny model (built on first use)."""
-    if config.model:
-        return config.model
-    from rollout.model_store import ensure_default_model
-
-    return str(ensure_default_model())
 
 
 def to_vllm_sampling(sampling: SamplingParams) -> VllmSamplingParams:
