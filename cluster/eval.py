@@ -9,7 +9,8 @@ used, ``benchmarks`` and ``k`` are), run the samples not yet in ``OUT/results.js
 - **Outputs.** ``OUT/results.jsonl``, one line per (benchmark, question, sample), appended as each
   episode ends; ``OUT/summary.json``, per benchmark its questions, k and every score as
   ``[mean, low, high]`` (with the share of samples answered and of turns well formed); the same as a
-  table on the console; ``OUT/eval.png``, pass@k against k,
+  table on the console; ``OUT/trajectories.jsonl``, every sample's trajectory, to look at with
+  ``turnstile view OUT`` (not an encrypted benchmark's); ``OUT/eval.png``, pass@k against k,
   the browse ratio of correct and wrong samples and the turns per sample.
 - **Resumable.** A killed eval continues with the samples it has no line for; a line cut short by
   the kill is cut off (and its sample run again).
@@ -48,12 +49,13 @@ from rewards.base import RewardSpec, build_reward
 from rollout.context import ContextConfig
 from rollout.model_store import resolve_model
 from rollout.summary import FAILED, is_correct, nothing_ran
-from rollout.trajectory import Trajectory
+from rollout.trajectory import Trajectory, write_trajectory
 from rollout.workers import WorkerSpec
 
 log = logging.getLogger(__name__)
 ENCRYPTED_KINDS = frozenset({"browsecomp_zh", "xbench"})  # loaders that decrypt in memory
 JUDGES = ("exact_match", "f1", "llm_judge")
+TRAJECTORIES = "trajectories.jsonl"  # every sample's whole trajectory (not an encrypted benchmark's)
 
 
 @dataclass
@@ -118,6 +120,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     drop_partial_line(results)
+    drop_partial_line(out / TRAJECTORIES)
     done = {(row["benchmark"], row["task_id"], row["sample"]) for row in read_results(results)}
     reports: dict[tuple[str, str, int], str] = {}  # this run's samples' final reports (for synth@n)
     # Whether this run measured anything: its first failed sample, and whether any other ran through
@@ -153,7 +156,8 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                        events=out / "fleet.jsonl") as running:
                 dispatcher = Dispatcher(running.pool, rollout.fleet.max_episode_attempts)
                 dispatcher.submit(episodes)
-                with results.open("a", encoding="utf-8") as sink:
+                with results.open("a", encoding="utf-8") as sink, \
+                        (out / TRAJECTORIES).open("a", encoding="utf-8") as kept:
                     while dispatcher.busy:
                         finished = dispatcher.wait(timeout=1.0)
                         for trajectory in judge(finished, by_uid, tasks_by_uid):
@@ -166,8 +170,11 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, obje
                             row = result_row(benchmark, trajectory, report)
                             reports[(benchmark.name, trajectory.task_id, trajectory.sample)] = report
                             sink.write(json.dumps(row) + "\n")
+                            if not benchmark.encrypted:  # to look at: turnstile view OUT
+                                write_trajectory(trajectory, kept)
                             bar.update(1)
                         sink.flush()
+                        kept.flush()
         bar.close()
     if first_failure is not None and not any_ran_through:
         raise EvalError(nothing_ran([first_failure], "sample"))

@@ -82,7 +82,8 @@ class PageSummary:
 def find_sources(paths: Sequence[str | Path]) -> list[Source]:
     """The trajectory files the arguments name: a file as itself; a training run's ``OUT/`` as its
     steps (``scored/stepN.jsonl``, ``rollouts/stepN.jsonl`` of steps not scored yet, then
-    ``eval/stepN.jsonl``); any other directory as the ``*.jsonl`` files directly in it."""
+    ``eval/stepN.jsonl``); any other directory as the ``*.jsonl`` files directly in it that hold
+    trajectories (an eval's ``trajectories.jsonl``, not its ``results.jsonl`` or ``fleet.jsonl``)."""
     sources: list[Source] = []
     for raw in paths:
         path = Path(raw)
@@ -90,7 +91,7 @@ def find_sources(paths: Sequence[str | Path]) -> list[Source]:
             sources.append(Source(path=path, label=str(path), kind="file"))
         elif path.is_dir():
             found = run_sources(path) or [Source(path=p, label=str(p), kind="file")
-                                          for p in sorted(path.glob("*.jsonl")) if p.is_file()]
+                                          for p in sorted(path.glob("*.jsonl")) if _holds_trajectories(p)]
             if not found:
                 raise ViewError(f"{path}: no trajectory files in this directory (expected *.jsonl, or a "
                                 "training run's scored/, rollouts/ or eval/ folders with stepN.jsonl)")
@@ -98,6 +99,20 @@ def find_sources(paths: Sequence[str | Path]) -> list[Source]:
         else:
             raise ViewError(f"{path}: no such file or directory")
     return sources
+
+
+def _holds_trajectories(path: Path) -> bool:
+    """Whether a directory's JSONL file is trajectories (its first line has their ``segments``); a
+    file named on the command line is read whatever it is, and says what is wrong with it."""
+    if not path.is_file():
+        return False
+    with path.open(encoding="utf-8", errors="replace") as lines:
+        first = lines.readline(1 << 20)
+    try:
+        record = json.loads(first)
+    except json.JSONDecodeError:
+        return True  # a damaged trajectory file: read it, and say where it is damaged
+    return isinstance(record, dict) and "segments" in record
 
 
 def run_sources(out: Path) -> list[Source]:

@@ -24,7 +24,7 @@ from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.protocol import StopReason
 from envs.tasks import Task
 from rewards.base import RewardSpec
-from rollout.trajectory import Segment, Trajectory, Turn
+from rollout.trajectory import Segment, Trajectory, Turn, load_trajectories
 from tests.openai_server import Reply, chat_server
 
 pytestmark = pytest.mark.integration
@@ -93,8 +93,11 @@ def test_a_killed_eval_continues_and_every_sample_is_scored_once(tmp_path: Path,
     assert summary["tasks"] == 8 and summary["k"] == 2
     expected = sum(pass_at_k(2, sum(c), 1) for c in by_task.values()) / 8
     assert summary["pass@1"][0] == pytest.approx(expected) and summary["pass@1"][1] <= expected <= summary["pass@1"][2]
-    assert set(summary) == {"tasks", "k", "pass@1", "pass@2", "avg@2", "maj@2"}
+    assert set(summary) == {"tasks", "k", "pass@1", "pass@2", "avg@2", "maj@2", "answered", "well_formed"}
     assert all(row["turns"] >= 1 and row["stop_reason"] for row in rows)
+    # Each sample's trajectory is kept to look at (a kill may leave at most the one it cut short out).
+    kept = {(t.uid, t.sample) for t in load_trajectories(out / "trajectories.jsonl")}
+    assert len({(f"{r['benchmark']}/{r['task_id']}", r["sample"]) for r in rows} - kept) <= 1
     assert "pass@1" in log and "synthetic-heldout: 8 questions, k=2" in log
     assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -161,6 +164,7 @@ def test_an_encrypted_benchmark_leaves_no_decrypted_text_in_outputs_or_logs(tmp_
     assert run.returncode == 0, log
     rows = _rows(out)
     assert len(rows) == 3 and all(row["answer"] is None for row in rows)
+    assert (out / "trajectories.jsonl").read_text() == ""  # no trajectory of an encrypted benchmark kept
     written = log + "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
     checked = 0
     for task in tasks:  # answers too short to be told from other text ("4") are not looked for

@@ -313,3 +313,48 @@ def test_optimizer_setting_reaches_the_update(ray_local: None) -> None:
     off_lr = (moved - 1e-3).abs() > 1e-5  # ±lr: the sign of the gradient (float32 rounding aside)
     assert off_lr.float().mean() < 1e-3 and moved.max() < 1.01e-3
     assert sgd.max() > 0 and sgd.max() > 50 * sgd[sgd > 0].median()  # proportional to the gradient
+
+
+def test_one_update_of_a_real_pretrained_model(ray_local: None) -> None:
+    """A pretrained Llama with tied embeddings and a 49k vocabulary (SmolLM2-135M-Instruct, from its
+    package) loads in veRL's trainer, takes an SFT step on a turn written in its own template, and
+    the weights it publishes (no separate LM head: it is the embedding) are the model the learner
+    now computes: a transformers copy loaded with them gives the learner's log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    from learner.sft import chat_trajectories
+    from rollout.chat import ChatFormat
+    from rollout.model_store import resolve_model
+    from tests.test_sft import ROW
+
+    path = resolve_model("smollm2-135m-instruct")
+    (trajectory,) = chat_trajectories([(1, ROW)], ChatFormat.from_pretrained(path))
+    segment = trajectory.segments[0]
+    response = [token for turn in segment.turns for token in [*turn.response_ids, *turn.observation_ids]]
+    mask = [flag for turn in segment.turns
+            for flag in [1] * len(turn.response_ids) + [0] * len(turn.observation_ids)]
+    sample = Sample(uid="r", trajectory=("r", 0), segment=0, prompt_ids=list(segment.prompt_ids),
+                    response_ids=response, response_mask=mask, advantages=[0.0] * len(mask),
+                    old_log_probs=[0.0] * len(mask), loss_weights=[float(m) for m in mask], weights_version=0)
+    learner = Learner(LearnerConfig(model=path, dp=1, mini_batch=2, micro_batch=1, lr=1e-4,
+                                    max_length=512)).start()
+    try:
+        before = learner.log_probs([sample])[0]
+        report = learner.train_sft([sample, sample])
+        after = learner.log_probs([sample])[0]
+        weights = learner.full_weights()
+    finally:
+        learner.close()
+    assert math.isfinite(report.metrics["loss"]) and report.metrics["grad_norm"] > 0
+    trained = torch.tensor(mask, dtype=torch.bool)
+    assert after[trained].mean() > before[trained].mean()  # the step made its own tokens likelier
+    assert "lm_head.weight" not in weights or torch.equal(weights["lm_head.weight"],
+                                                          weights["model.embed_tokens.weight"])
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.load_state_dict(weights, strict=False)
+    model.tie_weights()
+    ids = torch.tensor([[*sample.prompt_ids, *sample.response_ids]])
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, len(sample.prompt_ids) - 1:-1]
+    reference = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(sample.prompt_ids):, None])[:, 0]
+    assert (reference[trained] - after[:len(mask)][trained]).abs().max() < 1e-3

@@ -20,7 +20,7 @@ from learner.sft import (
     well_formed_share,
 )
 from rollout.chat import ChatFormat
-from rollout.model_store import ensure_default_model
+from rollout.model_store import resolve_model
 from rollout.trajectory import Segment, Trajectory, Turn, save_trajectories
 
 ROW = {"messages": [
@@ -33,9 +33,11 @@ ROW = {"messages": [
 ], "answer": "Oda Venn", "source_line": 7, "turns": 2}
 
 
-@pytest.fixture(scope="module")
-def chat() -> ChatFormat:
-    return ChatFormat.from_pretrained(ensure_default_model())
+@pytest.fixture(scope="module", params=["tiny-qwen3", "smollm2-135m-instruct"])
+def chat(request: pytest.FixtureRequest) -> ChatFormat:
+    """The tiny model's minimal template, and a real model's own (SmolLM2's ChatML, which adds a
+    default system prompt when a conversation has none)."""
+    return ChatFormat.from_pretrained(resolve_model(request.param))
 
 
 def test_chat_row_tokenises_like_the_template_and_masks_tool_responses(chat: ChatFormat) -> None:

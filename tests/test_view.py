@@ -245,6 +245,18 @@ def test_the_command_says_where_the_page_is_and_how_to_open_it(tmp_path: Path,
     assert f"open it in a browser: {out.resolve().as_uri()}" in printed
 
 
+def test_an_eval_directory_shows_its_trajectories_not_its_results(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``turnstile eval`` writes results.jsonl and fleet.jsonl beside trajectories.jsonl: a directory
+    shows the JSONL files that hold trajectories and passes over the others."""
+    save_trajectories(sample_file(), tmp_path / "trajectories.jsonl")
+    (tmp_path / "results.jsonl").write_text('{"benchmark": "b", "task_id": "t", "sample": 0, "correct": true}\n')
+    (tmp_path / "fleet.jsonl").write_text('{"at_s": 0.1, "action": "up", "member": "worker-0"}\n')
+    code, printed = run_view(capsys, str(tmp_path), "--out", str(tmp_path / "view.html"))
+    assert code == 0, printed
+    assert "1 file(s), 2 groups, 5 trajectories, 11 turns" in printed
+
+
 @pytest.mark.parametrize("case", ["missing file", "corrupt line", "empty directory", "no trajectories", "turn records"])
 def test_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
     data = tmp_path / "scored.jsonl"
