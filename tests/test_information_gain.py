@@ -511,3 +511,43 @@ async def test_ig_scores_with_the_generating_version_or_the_closest_kept(mono: T
         turn.weights_version = 2
     await plugin.score(again, Task(id=again.task_id, question=again.question, answers=tuple(again.answers)))
     assert [turn.ig_value for turn in again.turns] == pytest.approx(values[2], abs=1e-5)
+
+
+async def test_a_real_pretrained_model_gains_from_the_page_that_holds_the_answer(shared_data: Path) -> None:
+    """The scorer on a pretrained Llama with tied embeddings and a 49k vocabulary, in its own
+    template (SmolLM2-135M-Instruct, from its package), on HotpotQA: the cached values equal one
+    forward per prefix, and reading the supporting paragraph that holds the answer makes the gold
+    answer likelier (v rises) on most questions: the signal IGPO rewards, from a real model."""
+    import json
+
+    from learner.sft import chat_trajectories
+    from rollout.model_store import resolve_model
+
+    path = resolve_model("smollm2-135m-instruct")
+    real_chat = ChatFormat.from_pretrained(path)
+    real_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    rows = []
+    with (shared_data / "multihop/hotpotqa_dev500.jsonl").open() as lines:
+        for line in lines:
+            record = json.loads(line)
+            answer = record["answers"][0]
+            page = next((p for p in record["paragraphs"] if p["is_supporting"] and answer in p["text"]), None)
+            if page is None or answer.lower() in ("yes", "no"):
+                continue
+            rows.append((len(rows) + 1, {"answer": answer, "messages": [
+                {"role": "user", "content": record["question"]},
+                {"role": "assistant", "content": render_tool_call("search", {"query": [page["title"]]},
+                                                                  f"I search for {page['title']}.")},
+                {"role": "user", "content": f"<tool_response>\n{page['title']}\n{page['text']}\n</tool_response>"},
+                {"role": "assistant", "content": render_answer(answer, "The page says it.")}]}))
+            if len(rows) == 12:
+                break
+    rose = 0
+    for trajectory in chat_trajectories(rows, real_chat):
+        values = await information_gain_values(trajectory, real_chat, HFInformationGainScorer(real_model))
+        assert values is not None and len(values) == 2 and all(value < 0 for value in values)
+        rose += values[1] > values[0] + 0.5  # before the search turn, then after reading the page
+        grouped = boundaries(trajectory, real_chat)
+        cached = await HFInformationGainScorer(real_model).gold_logprobs(grouped)
+        assert worst_gap(cached, await PerPrefixScorer(real_model).gold_logprobs(grouped)) <= 1e-3
+    assert rose >= 9, f"the page raised v on only {rose} of 12 questions"
