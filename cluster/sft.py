@@ -4,7 +4,9 @@ The job: load samples (:mod:`learner.sft`), measure the policy (rollouts on held
 of well-formed turns, answer rate, accuracy), train ``steps`` mini-batches with the weighted SFT loss
 (:class:`learner.trainer.Learner`), evaluate every ``eval.every`` steps and at the end, and write a
 Hugging Face model directory (``out/model``) that any engine loads, plus the learner checkpoint
-(``out/checkpoint``) that ``resume=true`` continues from.
+(``out/checkpoint``) that ``resume=true`` continues from: at the end, and every ``checkpoint_every``
+steps (a long run killed loses at most that many). A resumed run takes the batches the run would
+have taken next: the sample order is a function of ``learner.seed`` and the step.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -65,6 +68,7 @@ class SftJob:
         mini_batch=8, micro_batch=4, lr=1e-3, total_steps=300, warmup_steps=10, max_length=1024))
     steps: int = 300
     log_every: int = 10
+    checkpoint_every: int = 0  # also save the checkpoint and out/model every N steps; 0 = at the end only
     out: str = "runs/sft"
     resume: bool = False
     eval: SftEvalConfig = field(default_factory=SftEvalConfig)
@@ -111,18 +115,14 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
         if job.resume and (out / "checkpoint" / "learner.json").is_file():
             learner.load(out / "checkpoint")
             print(f"resumed at step {learner.step}")
-        rng = random.Random(job.learner.seed)
-        order: list[Sample] = []
+        batches = sample_batches(samples, job.learner.mini_batch, job.learner.seed)
+        for _ in range(learner.step):  # the batches the checkpointed steps took
+            next(batches)
         bar = tqdm(total=job.steps, initial=learner.step, disable=not progress, desc="sft", unit="step")
         losses: list[float] = []
         started = time.monotonic()
         while learner.step < job.steps:
-            if len(order) < job.learner.mini_batch:
-                refill = list(samples)
-                rng.shuffle(refill)
-                order.extend(refill)
-            batch, order = order[:job.learner.mini_batch], order[job.learner.mini_batch:]
-            report = learner.train_sft(batch)
+            report = learner.train_sft(next(batches))
             losses.append(report.metrics.get("loss", float("nan")))
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
@@ -131,6 +131,10 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
                 bar.write(f"step {learner.step}: loss {sum(recent) / len(recent):.4f}, grad norm "
                           f"{report.metrics.get('grad_norm', float('nan')):.3f}, "
                           f"{report.tokens} tokens, {time.monotonic() - started:.0f} s")
+            if job.checkpoint_every and learner.step % job.checkpoint_every == 0 and learner.step < job.steps:
+                learner.save(out / "checkpoint")
+                replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
+                bar.write(f"step {learner.step}: checkpoint and {out / RUN_MODEL} written")
             if job.eval.every and learner.step % job.eval.every == 0 and learner.step < job.steps:
                 model = replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
                 evaluations.append(evaluate(job, str(model), out, step=learner.step))
@@ -145,6 +149,19 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
     (out / "evaluations.json").write_text(json.dumps([vars(e) for e in evaluations], indent=1))
     print(f"model: {model}  (load it with engine.model={model})")
     return evaluations
+
+
+def sample_batches(samples: list[Sample], size: int, seed: int) -> Iterator[list[Sample]]:
+    """Mini-batches of ``size`` for ever: each pass over the samples in a new seeded order."""
+    rng = random.Random(seed)
+    order: list[Sample] = []
+    while True:
+        if len(order) < size:
+            refill = list(samples)
+            rng.shuffle(refill)
+            order.extend(refill)
+        batch, order = order[:size], order[size:]
+        yield batch
 
 
 def made(job: SftJob, out: Path, step: int) -> dict[str, object]:

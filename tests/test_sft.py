@@ -10,7 +10,7 @@ import pytest
 
 from cluster.cli import main
 from envs.datasets.registry import DatasetConfig, load_tasks
-from learner.batch import abc_sft_turn_weight
+from learner.batch import Sample, abc_sft_turn_weight
 from learner.credit.estimators import abc_sft_weight
 from learner.sft import (
     SftDataError,
@@ -102,6 +102,21 @@ def test_abc_weighting_and_trajectory_input(tmp_path: Path, chat: ChatFormat) ->
         load_sft_samples(path, chat, resample="lots")
 
 
+def test_a_resumed_sft_takes_the_batches_the_run_would_have_taken_next() -> None:
+    from cluster.sft import sample_batches
+
+    samples = [Sample(uid=str(i), trajectory=(str(i), 0), segment=0, prompt_ids=[1], response_ids=[2],
+                      response_mask=[1], advantages=[0.0], old_log_probs=[0.0], loss_weights=[1.0],
+                      weights_version=0) for i in range(10)]
+    whole = sample_batches(samples, 4, seed=3)
+    straight = [[s.uid for s in next(whole)] for _ in range(7)]  # past two passes over the samples
+    resumed = sample_batches(samples, 4, seed=3)
+    for _ in range(4):  # the steps a checkpoint holds
+        next(resumed)
+    assert [[s.uid for s in next(resumed)] for _ in range(3)] == straight[4:]
+    assert len({uid for batch in straight[:2] for uid in batch}) == 8  # a pass draws each sample once
+
+
 def test_well_formed_share() -> None:
     assert well_formed_share([_trajectory([None] * 4, [True, False, True, True])]) == (0.75, 4)
     assert well_formed_share([]) == (0.0, 0)
@@ -126,7 +141,8 @@ def test_sft_command_trains_on_cleaned_rows(shared_data: Path, tmp_path: Path,
     out = tmp_path / "sft"
     with pytest.raises(SystemExit) as done:
         main(["sft", "--config", str(Path(__file__).resolve().parent.parent / "examples" / "sft.yaml"),
-              "--no-progress", f"data.path={clean}", "steps=6", "log_every=3", f"out={out}",
+              "--no-progress", f"data.path={clean},{clean}", "steps=6", "log_every=3", f"out={out}",
+              "checkpoint_every=3",
               "learner.mini_batch=4", "learner.micro_batch=2", "learner.max_length=1536",
               "eval.rollout.data.limit=1", "eval.rollout.group_size=1",
               "eval.rollout.episode.env.max_turns=2", "eval.rollout.episode.max_new_tokens=16"])
@@ -137,6 +153,8 @@ def test_sft_command_trains_on_cleaned_rows(shared_data: Path, tmp_path: Path,
     evaluations = json.loads((out / "evaluations.json").read_text())
     assert [e["step"] for e in evaluations] == [0, 6] and all(e["turns"] > 0 for e in evaluations)
     assert "eval @ step 0: well-formed turns" in printed
+    assert f"step 3: checkpoint and {out / 'model'} written" in printed
+    assert re.search(r"sft: (\d+) samples from .*clean.jsonl,.*clean.jsonl", printed)  # both files read
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out / "model")  # loadable
