@@ -474,6 +474,16 @@ def where_outputs_are(out: Path) -> str:
     return f"outputs in {out}: {', '.join(parts)}; look at the trajectories: turnstile view {out}"
 
 
+def resume_hint(out: Path, resume: str = "--resume") -> str:
+    """What a run (train's, or sft's: ``resume="resume=true"``) that stopped on a failure left to
+    continue from."""
+    try:
+        step = int(json.loads((out / "checkpoint" / "learner.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no checkpoint was written yet: start the run again"
+    return f"the last checkpoint (step {step}) is in {out / 'checkpoint'}: continue with {resume}"
+
+
 def learning_line(out: Path, state: RunState) -> str:
     """The run's before → after on the held-out tasks: accuracy (with the 95% interval of the paired
     difference over the same tasks, each task's share of correct samples) and format rate; "" without

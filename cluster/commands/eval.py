@@ -26,11 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
+    from ray.exceptions import RayError
+
     from cluster.config import dump_config, load_config
     from cluster.dispatch import NoWorkersLeft
     from cluster.eval import EvalConfig, render, run_eval
     from cluster.rollout import init_ray
     from envs.corpus_server import CorpusServerError
+    from rollout.errors import describe_error
     from rollout.fleet import EngineStartError
 
     try:
@@ -47,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, CorpusServerError, NoWorkersLeft,
             EngineStartError) as error:  # each says what to do
         print(f"turnstile eval: {error}")
+        return 1
+    except RayError as error:  # a worker of ours died (the node ran out of memory, say)
+        print(f"turnstile eval: {describe_error(error)}; run the same command again: it continues with the "
+              "samples it has no line for")
         return 1
     (Path(cfg.out) / "config.yaml").write_text(dump_config(cfg))
     print(render(summary))

@@ -27,10 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
+    from ray.exceptions import RayError
+
     from cluster.config import ConfigError, dump_config, load_config
     from cluster.dispatch import NoWorkersLeft
     from cluster.rollout import RolloutConfig, init_ray, rollout_logs, run_rollout
     from envs.corpus_server import CorpusServerError
+    from rollout.errors import describe_error
     from rollout.fleet import EngineStartError
 
     try:
@@ -48,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
         summary = run_rollout(cfg, out, progress=not args.no_progress)
     except (ValueError, FileNotFoundError, CorpusServerError, NoWorkersLeft, EngineStartError) as error:
         print(f"turnstile rollout: {error}")
+        return 1
+    except RayError as error:  # a worker of ours died (the node ran out of memory, say)
+        print(f"turnstile rollout: {describe_error(error)}; the trajectories written so far are in the output file")
         return 1
     out.with_suffix(".config.yaml").write_text(dump_config(cfg))
     print(summary.render())

@@ -30,11 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
+    from ray.exceptions import RayError
+
     from cluster.config import ConfigError, dump_config, load_config
     from cluster.rollout import init_ray
     from cluster.sft import SftJob, run_sft
+    from cluster.train import resume_hint
     from learner.sft import SftDataError
     from learner.trainer import LearnerError
+    from rollout.errors import describe_error
 
     try:
         job = load_config(SftJob, args.config, args.overrides)
@@ -50,5 +54,8 @@ def run(args: argparse.Namespace) -> int:
         run_sft(job, progress=not args.no_progress)
     except (SftDataError, LearnerError, ValueError, FileNotFoundError) as error:
         print(f"turnstile sft: {error}")
+        return 1
+    except RayError as error:  # a worker of ours died (the node ran out of memory, say)
+        print(f"turnstile sft: {describe_error(error)}; {resume_hint(Path(job.out), 'resume=true')}")
         return 1
     return 0

@@ -27,12 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
+    from ray.exceptions import RayError
+
     from cluster.config import dump_config, load_config
     from cluster.dispatch import NoWorkersLeft
     from cluster.rollout import init_ray
-    from cluster.train import TrainJob, check, learning_line, run_train, where_outputs_are
+    from cluster.train import TrainJob, check, learning_line, resume_hint, run_train, where_outputs_are
     from envs.corpus_server import CorpusServerError
     from rewards.service import RewardServiceError
+    from rollout.errors import describe_error
     from rollout.fleet import EngineStartError
     from rollout.store import StoreError
 
@@ -54,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, CorpusServerError, StoreError, RewardServiceError,
             NoWorkersLeft, EngineStartError) as error:  # each says what to do
         print(f"turnstile train: {error}")
+        return 1
+    except RayError as error:  # a worker of ours died (the node ran out of memory, say)
+        print(f"turnstile train: {describe_error(error)}; {resume_hint(Path(job.out))}")
         return 1
     print(f"done: {state.step} steps, weights version {state.weights_version}")
     print(where_outputs_are(Path(job.out)))
