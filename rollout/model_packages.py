@@ -26,7 +26,6 @@ import hashlib
 import importlib.metadata
 import json
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -94,19 +93,13 @@ def build_packaged_model(target: Path, name: str, force: bool = False) -> Path:
         import gguf  # noqa: F401 - transformers' GGUF reader needs it; asked here to say so plainly
     except ImportError:
         raise PackageMissing(f"reading {source.name} needs the gguf package: {spec.install_command()}") from None
-    if target.exists():
-        if not force:
-            raise FileExistsError(f"{target} exists; pass force=True (--force) to rebuild it")
-        shutil.rmtree(target)
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout.model_store import BUILD_INFO
+    from rollout.model_store import BUILD_INFO, staged_directory
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with staged_directory(target, force) as staging:
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         tokenizer.model_max_length = spec.max_positions
         model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
@@ -126,13 +119,6 @@ def build_packaged_model(target: Path, name: str, force: bool = False) -> Path:
                   "transformers": transformers.__version__, "gguf": importlib.metadata.version("gguf"),
                   "model_sha256": _sha256(staging / "model.safetensors")}
         (staging / BUILD_INFO).write_text(json.dumps(record, indent=2) + "\n")
-        for path in staging.iterdir():  # save_pretrained writes the weights 0600
-            path.chmod(0o644)
-        staging.chmod(0o755)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return target
 
 

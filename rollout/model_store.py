@@ -22,6 +22,7 @@ on first use like ``tiny-qwen3``.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -152,9 +153,11 @@ def committed_model_path(name: str = WARM_MODEL) -> Path:
     return path
 
 
-def build_tiny_model(target: Path, spec: TinyModelSpec | None = None, force: bool = False) -> Path:
-    """Train the tokenizer, initialise the model, and save both to ``target`` (atomically)."""
-    spec = spec or TinyModelSpec()
+@contextlib.contextmanager
+def staged_directory(target: Path, force: bool = False) -> Iterator[Path]:
+    """A staging directory beside ``target`` that becomes ``target`` when the block ends (its files
+    readable by all), or is removed when the block raises: a built model appears whole or not at
+    all. An existing ``target`` is replaced only with ``force``."""
     if target.exists():
         if not force:
             raise FileExistsError(f"{target} exists; pass force=True (--force) to rebuild it")
@@ -162,16 +165,25 @@ def build_tiny_model(target: Path, spec: TinyModelSpec | None = None, force: boo
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        tokenizer = train_tokenizer(spec)
-        tokenizer.save_pretrained(staging)
-        model = _init_model(spec, tokenizer)
-        model.save_pretrained(staging, safe_serialization=True)
-        (staging / BUILD_INFO).write_text(json.dumps(asdict(spec), indent=2) + "\n")
+        yield staging
+        for path in staging.iterdir():  # save_pretrained writes weights 0600
+            path.chmod(0o644)
         staging.chmod(0o755)
         staging.rename(target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def build_tiny_model(target: Path, spec: TinyModelSpec | None = None, force: bool = False) -> Path:
+    """Train the tokenizer, initialise the model, and save both to ``target`` (atomically)."""
+    spec = spec or TinyModelSpec()
+    with staged_directory(target, force) as staging:
+        tokenizer = train_tokenizer(spec)
+        tokenizer.save_pretrained(staging)
+        model = _init_model(spec, tokenizer)
+        model.save_pretrained(staging, safe_serialization=True)
+        (staging / BUILD_INFO).write_text(json.dumps(asdict(spec), indent=2) + "\n")
     return target
 
 
