@@ -170,6 +170,14 @@ def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Pat
         check_servable(hotpot, corpus, EngineConfig(kind="hf"))
     with pytest.raises(ValueError, match=r"engine.kind=scripted"):
         check_servable(hotpot, CorpusConfig(kind="none"), EngineConfig(kind="scripted"))
+    # A rollout of HotpotQA tells the expert its data: it follows those questions' clue chains.
+    from cluster.rollout import expert_engine
+
+    data = DatasetConfig(kind="hotpotqa", path=str(shared_data / "multihop/hotpotqa_dev500.jsonl"), limit=3)
+    oracle = expert_engine(EngineConfig(kind="scripted"), data)
+    assert oracle.scripted.data["kind"] == "hotpotqa"
+    check_servable(hotpot, CorpusConfig(kind="none"), oracle)
+    assert expert_engine(EngineConfig(kind="hf"), data) == EngineConfig(kind="hf")  # a model needs no plan
 
 
 async def test_the_sim_engine_takes_a_model_servers_time(chat: ChatFormat, tasks: list[Task],
