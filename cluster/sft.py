@@ -111,6 +111,11 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
         evaluations.append(evaluate(job, base, out, step=0))
         print(evaluations[-1].render())
     learner = Learner(replace(job.learner, model=base)).start()
+
+    def write_model() -> Path:
+        """The policy now, as ``out/model`` (any engine loads it)."""
+        return replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
+
     try:
         if job.resume and (out / "checkpoint" / "learner.json").is_file():
             learner.load(out / "checkpoint")
@@ -131,17 +136,17 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
                 bar.write(f"step {learner.step}: loss {sum(recent) / len(recent):.4f}, grad norm "
                           f"{report.metrics.get('grad_norm', float('nan')):.3f}, "
                           f"{report.tokens} tokens, {time.monotonic() - started:.0f} s")
+            saved = None  # out/model of this step, written once whether a checkpoint or an eval wants it
             if job.checkpoint_every and learner.step % job.checkpoint_every == 0 and learner.step < job.steps:
                 learner.save(out / "checkpoint")
-                replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
+                saved = write_model()
                 bar.write(f"step {learner.step}: checkpoint and {out / RUN_MODEL} written")
             if job.eval.every and learner.step % job.eval.every == 0 and learner.step < job.steps:
-                model = replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
-                evaluations.append(evaluate(job, str(model), out, step=learner.step))
+                evaluations.append(evaluate(job, str(saved or write_model()), out, step=learner.step))
                 bar.write(evaluations[-1].render())
         bar.close()
         learner.save(out / "checkpoint")
-        model = replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
+        model = write_model()
     finally:
         learner.close()
     evaluations.append(evaluate(job, str(model), out, step=job.steps))
