@@ -49,7 +49,10 @@ ITER = ["rollout.context.kind=iter_research", "estimator.name=gspo_round", "lear
 ARMS: dict[str, tuple[str, list[str]]] = {
     "grpo": ("GRPO, mono context (the default)", []),
     "igpo": ("IGPO: browse-aware IG, IG-Scale, turn format penalty", [IG, "estimator.name=igpo"]),
-    "abc_grpo": ("ABC-GRPO, heuristic clue judge", [CLUES, "estimator.name=abc_grpo"]),
+    # Pooled step scores (norm=joint), as these runs were made: the default is now norm=separate,
+    # docs/algorithms.md §6.
+    "abc_grpo": ("ABC-GRPO, heuristic clue judge", [CLUES, "estimator.name=abc_grpo",
+                                                     "estimator.options={norm: joint}"]),
     "mono_gspo": ("mono context, GSPO loss", ["learner.loss=gspo"]),
     "iter_research_gspo": ("iter_research, round-level GSPO (from tiny-qwen3-iter), 256 tokens a turn", [
         *ITER, "rollout.episode.max_new_tokens=256"]),

@@ -133,7 +133,8 @@ def test_unknown_estimator(credit: Credit) -> None:
 @pytest.mark.parametrize(("estimator", "option", "message"), [
     ("grpo", "eta=0.5", "unknown option 'eta' for estimator grpo; its options are: format_penalty"),
     ("igpo", "gama=0.9", "unknown option 'gama' for estimator igpo"),
-    ("abc_grpo", "norm=joint", "unknown option 'norm' for estimator abc_grpo; its options are: gamma"),
+    ("abc_grpo", "eta=0.3", "unknown option 'eta' for estimator abc_grpo; its options are: gamma, norm"),
+    ("abc_grpo", "norm=scaled_separate", "IG-Scale is igpo's; abc_grpo takes joint or separate"),
     ("igpo", "norm=pooled", "bad value for 'norm'"),
     ("igpo", "ig_type=kl", "bad value for 'ig_type'"),
     ("igpo", "ig_tools=visit", "bad value for 'ig_tools'"),

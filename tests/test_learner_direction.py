@@ -23,10 +23,11 @@ from learner.trainer import Learner, LearnerConfig
 pytestmark = [pytest.mark.integration]
 
 
-def sample(index: int, advantage: float, *, on_observations: bool = False, seed: int = 0) -> Sample:
-    """A prompt, then 3 turns of 8 policy tokens each followed by 6 observation tokens."""
+def sample(index: int, advantage: float, *, on_observations: bool = False, seed: int = 0,
+           turn_tokens: int = 8) -> Sample:
+    """A prompt, then 3 turns of ``turn_tokens`` policy tokens each followed by 6 observation tokens."""
     rng = random.Random(seed * 100 + index)
-    mask = ([1] * 8 + [0] * 6) * 3
+    mask = ([1] * turn_tokens + [0] * 6) * 3
     response = [rng.randint(20, 2000) for _ in mask]
     where = [1 - m for m in mask] if on_observations else mask
     return Sample(uid=f"u{index}", trajectory=(f"u{index}", 0), segment=0,
@@ -78,6 +79,22 @@ def test_advantages_on_observation_tokens_move_nothing(learner: Learner) -> None
     report = learner.train_rl(samples)
     assert report.metrics["grad_norm"] == pytest.approx(0.0, abs=1e-9)
     assert report.metrics["loss"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_loss_weighs_every_policy_token_alike_however_long_its_turn(learner: Learner) -> None:
+    """The vanilla loss's denominator is the mini-batch's policy-token count (veRL's token-mean over
+    the whole mini-batch, not each sequence's or micro-batch's mean): a turn of 2 tokens weighs no
+    more per token than a turn of 12, so writing shorter turns earns nothing. At ratio 1 the PPO
+    loss is then exactly -(sum of the tokens' advantages) / (their count)."""
+    samples = [sample(0, 1.0, turn_tokens=2, seed=3), sample(1, 1.0, turn_tokens=12, seed=3),
+               sample(2, -1.0, turn_tokens=12, seed=3), sample(3, 0.5, turn_tokens=2, seed=3)]
+    samples = with_rollout_log_probs(samples, learner.log_probs(samples))
+    report = learner.train_rl(samples)
+    token_mean = -sum(sum(s.advantages) for s in samples) / sum(sum(s.response_mask) for s in samples)
+    sequence_mean = -sum(s.advantages[0] for s in samples) / len(samples)
+    assert token_mean == pytest.approx(-(6 + 36 - 36 + 3) / 84)
+    assert abs(token_mean - sequence_mean) > 0.25  # the two denominators are told apart
+    assert report.metrics["loss"] == pytest.approx(token_mean, abs=1e-5)
 
 
 def test_the_reported_ratio_is_learner_over_rollout(learner: Learner) -> None:

@@ -12,8 +12,8 @@ other up by name (:mod:`learner.credit.registry`) and share one normalisation
 from learner.credit import estimators as _estimators  # noqa: F401  (registers grpo, abc_grpo, gspo_round)
 from learner.credit import igpo as _igpo  # noqa: F401  (registers igpo)
 from learner.credit.estimators import AbcGrpoOptions, GrpoOptions, GspoRoundOptions, abc_sft_weight
-from learner.credit.igpo import IgpoOptions, IgType, Norm, assign_information_gain
-from learner.credit.normalize import EPS, discount_over_boundaries, group_normalize, ig_scale
+from learner.credit.igpo import IgpoOptions, IgType, assign_information_gain
+from learner.credit.normalize import EPS, Norm, discount_over_boundaries, group_normalize, ig_scale
 from learner.credit.records import (
     CreditInputError,
     Group,

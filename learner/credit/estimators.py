@@ -10,7 +10,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from learner.credit.normalize import discount_over_boundaries, group_normalize
+from learner.credit.normalize import (
+    Norm,
+    discount_over_boundaries,
+    group_normalize,
+    join_separate,
+    member,
+    normalize_pooled,
+    normalize_separately,
+)
 from learner.credit.records import CreditInputError, Group, GroupCredit, Trajectory, TurnCredit
 from learner.credit.registry import CreditResult, Estimator, register
 
@@ -75,15 +83,27 @@ class Grpo(Estimator):
 @dataclass
 class AbcGrpoOptions:
     gamma: float = 0.25  # discount of later step scores
+    # separate: answer turns' scores among answer turns, the other turns' among the other turns;
+    # joint: every score of the group in one pool, as ABSeeker writes it (a length bias: §6)
+    norm: Norm = Norm.separate
 
     def __post_init__(self) -> None:
         check_gamma(self.gamma)
+        self.norm = member(Norm, self.norm, "norm")
+        if self.norm is Norm.scaled_separate:
+            raise ValueError("norm=scaled_separate: IG-Scale is igpo's; abc_grpo takes joint or separate")
 
 
 @register
 class AbcGrpo(Estimator):
-    """ABC-GRPO (§6): step scores normalised over all turns of the group, then discounted
+    """ABC-GRPO (§6): step scores normalised within the group, then discounted
     ``A_t = Σ_{k≥t} γ^{k−t} R̂_k``. No separate outcome term: the answer turn's score holds it.
+
+    ``norm=separate`` (default) normalises the last turns' scores (the answer events) among the
+    group's last turns and the other turns' among the other turns, so that a turn that established
+    nothing (score 1) is worth nothing whatever the answers were. ``norm=joint`` pools them all, as
+    ABSeeker writes it: in a group whose answers were wrong, the pool's mean sinks below 1, every
+    empty turn is credited above it, and a longer trajectory earns more (docs/algorithms.md §6).
 
     Each turn also gets ``sft_weight`` = :func:`abc_sft_weight` of its score, so that one scored
     file serves both stages of ABC (SFT, then GRPO).
@@ -99,10 +119,11 @@ class AbcGrpo(Estimator):
         credit: list[GroupCredit] = []
         for group in batch:
             scores = [_step_scores(t) for t in group.trajectories]
-            normalized = iter(group_normalize([s for trajectory_scores in scores for s in trajectory_scores]))
+            rows: list[list[float | None]] = [list(row) for row in scores]
+            normalized = normalize_pooled(rows) if self.options.norm is Norm.joint \
+                else join_separate(*normalize_separately(rows))
             group_credit: GroupCredit = []
-            for trajectory_scores in scores:
-                normalized_turns: list[float | None] = [next(normalized) for _ in trajectory_scores]
+            for trajectory_scores, normalized_turns in zip(scores, normalized, strict=True):
                 advantages = discount_over_boundaries(normalized_turns, self.options.gamma)
                 group_credit.append([
                     TurnCredit(advantage=a, reward=score, extras={"sft_weight": abc_sft_weight(score)})

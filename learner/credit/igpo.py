@@ -14,29 +14,29 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar
 
 from learner.credit.estimators import check_format_penalty, check_gamma
-from learner.credit.normalize import discount_over_boundaries, group_normalize, ig_scale
+from learner.credit.normalize import (
+    Norm,
+    Rewards,
+    discount_over_boundaries,
+    ig_scale,
+    join_separate,
+    member,
+    normalize_pooled,
+    normalize_separately,
+)
 from learner.credit.records import Group, GroupCredit, Trajectory, TurnCredit
 from learner.credit.registry import CreditResult, Estimator, register
 
 log = logging.getLogger(__name__)
 
-Rewards = list[float | None]  # one entry per turn; None where the turn is not a boundary
 Stats = dict[str, float]
-E = TypeVar("E", bound=StrEnum)
 
 
 class IgType(StrEnum):
     log_prob_diff = "log_prob_diff"  # IG = v_s − v_prev (v is a mean log-probability)
     prob_diff = "prob_diff"  # IG = exp(v_s) − exp(v_prev)
-
-
-class Norm(StrEnum):
-    joint = "joint"  # outcomes and turn rewards pooled
-    separate = "separate"  # outcomes among outcomes, turn rewards among turn rewards
-    scaled_separate = "scaled_separate"  # separate, turn rewards then scaled by IG-Scale's s
 
 
 @dataclass
@@ -50,8 +50,8 @@ class IgpoOptions:
     ig_type: IgType = IgType.log_prob_diff
 
     def __post_init__(self) -> None:
-        self.norm = _member(Norm, self.norm, "norm")
-        self.ig_type = _member(IgType, self.ig_type, "ig_type")
+        self.norm = member(Norm, self.norm, "norm")
+        self.ig_type = member(IgType, self.ig_type, "ig_type")
         check_gamma(self.gamma)
         check_format_penalty(self.format_penalty)
         if not (math.isfinite(self.eta) and self.eta >= 0):
@@ -61,15 +61,6 @@ class IgpoOptions:
         if any(not tool for tool in self.ig_tools):
             raise ValueError(f"ig_tools={self.ig_tools}: tool names must be non-empty "
                              f"(write ig_tools=[] for every turn boundary)")
-
-
-def _member(kind: type[E], value: str, name: str) -> E:
-    """``value`` as a member of ``kind``, so that ``norm="joint"`` works as well as ``Norm.joint``."""
-    try:
-        return kind(value)
-    except ValueError:
-        known = ", ".join(member.value for member in kind)
-        raise ValueError(f"{name}={value}: must be one of {known}") from None
 
 
 def assign_information_gain(values: Sequence[float], tools: Sequence[str | None],
@@ -133,17 +124,16 @@ class Igpo(Estimator):
     def _normalize(self, rewards: Sequence[Sequence[Rewards]]) -> tuple[list[list[Rewards]], Stats]:
         """The boundary rewards normalised within each group as ``norm`` says; batch statistics."""
         if self.options.norm is Norm.joint:
-            return [_normalize_pooled(group) for group in rewards], {}
-        turns = [_normalize_pooled([_turn_part(row) for row in group]) for group in rewards]
-        outcomes = [_normalize_pooled([_outcome_part(row) for row in group]) for group in rewards]
+            return [normalize_pooled(group) for group in rewards], {}
+        split = [normalize_separately(group) for group in rewards]
+        turns, outcomes = [turns for turns, _ in split], [outcomes for _, outcomes in split]
         stats: Stats = {}
         if self.options.norm is Norm.scaled_separate:
             scale = ig_scale(_present(outcomes), _present(turns), self.options.eta, self.options.s_max)
             turns = [[[None if r is None else r * scale for r in row] for row in group] for group in turns]
             stats["ig_scale"] = scale
-        merged = [[_merge(*rows) for rows in zip(group_turns, group_outcomes, strict=True)]
-                  for group_turns, group_outcomes in zip(turns, outcomes, strict=True)]
-        return merged, stats
+        return [join_separate(group_turns, group_outcomes)
+                for group_turns, group_outcomes in zip(turns, outcomes, strict=True)], stats
 
     def _information_gain(self, trajectory: Trajectory) -> list[float | None]:
         values = trajectory.turn_numbers(
@@ -166,24 +156,6 @@ class Igpo(Estimator):
             rewards.append(-penalty if penalty > 0 and not turn.format_ok else gain)
         rewards.append(trajectory.outcome_reward(penalty))
         return rewards
-
-
-def _normalize_pooled(rows: Sequence[Rewards]) -> list[Rewards]:
-    """Normalise the non-None entries of all ``rows`` as one group; keep the shape."""
-    normalized = iter(group_normalize([r for row in rows for r in row if r is not None]))
-    return [[None if r is None else next(normalized) for r in row] for row in rows]
-
-
-def _turn_part(row: Rewards) -> Rewards:
-    return [*row[:-1], None]
-
-
-def _outcome_part(row: Rewards) -> Rewards:
-    return [*([None] * (len(row) - 1)), row[-1]]
-
-
-def _merge(turn_row: Rewards, outcome_row: Rewards) -> Rewards:
-    return [*turn_row[:-1], outcome_row[-1]]
 
 
 def _present(groups: Sequence[Sequence[Rewards]]) -> list[float]:

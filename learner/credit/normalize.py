@@ -9,11 +9,34 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from enum import StrEnum
+from typing import TypeVar
 
 import numpy as np
 
 EPS = 1e-6  # in every normalisation denominator
 VAR_FLOOR = 1e-8  # std = sqrt(var + VAR_FLOOR), so a group with no spread does not divide by zero
+EQUAL_TOLERANCE = 1e-9  # values this close (relative to max(1, |value|)) are one value: rounding only
+
+Rewards = list[float | None]  # one entry per turn of a trajectory; None where the turn carries none
+E = TypeVar("E", bound=StrEnum)
+
+
+class Norm(StrEnum):
+    """Which rewards of a group are normalised together (docs/algorithms.md §5–6)."""
+
+    joint = "joint"  # every turn's reward in one pool, the last turn's (the outcome) included
+    separate = "separate"  # last turns among last turns, the other turns among the other turns
+    scaled_separate = "scaled_separate"  # separate, turn rewards then scaled by IG-Scale (igpo only)
+
+
+def member(kind: type[E], value: str, name: str) -> E:
+    """``value`` as a member of ``kind``, so that ``norm="joint"`` works as well as ``Norm.joint``."""
+    try:
+        return kind(value)
+    except ValueError:
+        known = ", ".join(item.value for item in kind)
+        raise ValueError(f"{name}={value}: must be one of {known}") from None
 
 
 def group_std(values: Sequence[float]) -> float:
@@ -28,15 +51,45 @@ def group_normalize(values: Sequence[float]) -> list[float]:
 
     Equal values give exactly zero, not rounding noise divided by the variance floor: a group
     whose members all scored the same carries no signal, and downstream code (the downsampler's
-    zero-signal-first rule) relies on seeing a true zero.
+    zero-signal-first rule) relies on seeing a true zero. Values that differ only by rounding
+    (``0.1 + 0.2`` and ``0.3``: a spread within :data:`EQUAL_TOLERANCE` of their size) are equal.
     """
     if not values:
         return []
     array = np.asarray(values, dtype=np.float64)
-    if np.all(array == array[0]):
+    if np.ptp(array) <= EQUAL_TOLERANCE * max(1.0, float(np.abs(array).max())):
         return [0.0] * len(values)
     normalized = (array - array.mean()) / (group_std(values) + EPS)
     return [float(x) for x in normalized]
+
+
+def normalize_pooled(rows: Sequence[Rewards]) -> list[Rewards]:
+    """Normalise the non-None entries of all ``rows`` as one group; keep the shape (None stays None).
+
+    Only the rewards that exist are pooled: a short trajectory adds no padded zeros to the pool.
+    """
+    normalized = iter(group_normalize([r for row in rows for r in row if r is not None]))
+    return [[None if r is None else next(normalized) for r in row] for row in rows]
+
+
+def normalize_separately(rows: Sequence[Rewards]) -> tuple[list[Rewards], list[Rewards]]:
+    """The rows' non-final rewards normalised among themselves, and their last rewards among
+    themselves: ``(turns, lasts)``, each shaped like ``rows`` with None where the other one has its
+    values. :func:`join_separate` puts them back together.
+
+    A pool per kind keeps the baseline of one kind out of the other: pooled with the outcomes, the
+    turn rewards of a group whose outcomes are low would all be above the pool's mean, and every
+    extra turn would earn a bonus (docs/algorithms.md §5, "length").
+    """
+    turns = normalize_pooled([[*row[:-1], None] for row in rows])
+    lasts = normalize_pooled([[*([None] * (len(row) - 1)), row[-1]] for row in rows])
+    return turns, lasts
+
+
+def join_separate(turns: Sequence[Rewards], lasts: Sequence[Rewards]) -> list[Rewards]:
+    """The inverse of :func:`normalize_separately`'s split: non-final entries from ``turns``, the
+    last one from ``lasts``."""
+    return [[*turn_row[:-1], last_row[-1]] for turn_row, last_row in zip(turns, lasts, strict=True)]
 
 
 def mean_abs(values: Sequence[float]) -> float:
