@@ -119,6 +119,7 @@ def step_metrics(trajectories: Sequence[Trajectory], *, wall_s: float,
         metrics["reward/mean"] = statistics.fmean(outcomes)
         metrics["reward/std"] = statistics.pstdev(outcomes)
         metrics["reward/positive_rate"] = _share(outcome > 0 for outcome in outcomes)
+    metrics.update(group_metrics(trajectories))
     metrics["reward/scored"] = float(len(outcomes))
     turn_rewards = [turn.reward for turn in turns if turn.reward is not None]
     if turn_rewards:
@@ -150,6 +151,21 @@ def step_metrics(trajectories: Sequence[Trajectory], *, wall_s: float,
     if report is not None:
         metrics.update(learner_metrics(report))
     return metrics
+
+
+def group_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Over the step's groups of two or more scored samples (same ``uid``): the share whose
+    outcomes are all equal (``reward/uniform_groups``: an outcome-only estimator has no signal there)
+    and the share with no correct sample (``reward/all_wrong_groups``)."""
+    groups: dict[str, list[Trajectory]] = {}
+    for trajectory in trajectories:
+        if trajectory.outcome is not None:
+            groups.setdefault(trajectory.uid, []).append(trajectory)
+    sized = [group for group in groups.values() if len(group) >= 2]
+    if not sized:
+        return {}
+    return {"reward/uniform_groups": _share(len({t.outcome for t in group}) == 1 for group in sized),
+            "reward/all_wrong_groups": _share(not any(is_correct(t) for t in group) for group in sized)}
 
 
 def learner_metrics(report: StepReport) -> dict[str, float]:
@@ -354,7 +370,9 @@ def render(metrics: Mapping[str, float], step: int) -> str:
 
     first = [
         f"step {step}",
-        f"reward {show('reward/mean')} acc {show('reward/accuracy', '.1f', 100, '%')}",
+        f"reward {show('reward/mean')} acc {show('reward/accuracy', '.1f', 100, '%')}"
+        + (f" (same reward in {show('reward/uniform_groups', '.0f', 100, '%')} of groups)"
+           if "reward/uniform_groups" in metrics else ""),
         f"turns {show('rollout/turns_mean', '.1f')} (max {show('rollout/turns_max', '.0f')})",
         f"fmt {show('format/ok_rate', '.1f', 100, '%')}",
     ]

@@ -419,7 +419,9 @@ class Run:
         metrics["time/eval_s"] = time.monotonic() - started
         print(f"eval @ step {step}: accuracy {metrics['eval/accuracy']:.1%} (95% interval "
               f"{metrics['eval/accuracy_low']:.1%}-{metrics['eval/accuracy_high']:.1%}, "
-              f"{metrics['eval/episodes']:.0f} episodes), format {metrics['eval/format_rate']:.1%}")
+              f"{metrics['eval/episodes']:.0f} episodes), format {metrics['eval/format_rate']:.1%}"
+              + "".join(f", {key.removeprefix('eval/accuracy_hops')} hops {value:.1%}"
+                        for key, value in metrics.items() if key.startswith("eval/accuracy_hops")))
         return metrics
 
     async def publish(self, version: int) -> None:
@@ -461,10 +463,20 @@ def _evaluate(job: TrainJob, pool: WorkerPool, tasks: list[Task], step: int, out
     correct = sum(is_correct(t) for t in trajectories)
     low, high = wilson_interval(correct, len(trajectories))
     share, _ = well_formed_share(trajectories)
-    return {"eval/accuracy": correct / max(len(trajectories), 1), "eval/accuracy_low": low,
-            "eval/accuracy_high": high, "eval/format_rate": share, "eval/episodes": float(len(trajectories)),
-            "eval/turns_mean": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
-            "eval/browse_ratio": browse_ratio(trajectories)}
+    metrics = {"eval/accuracy": correct / max(len(trajectories), 1), "eval/accuracy_low": low,
+               "eval/accuracy_high": high, "eval/format_rate": share, "eval/episodes": float(len(trajectories)),
+               "eval/turns_mean": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
+               "eval/browse_ratio": browse_ratio(trajectories)}
+    hops = {task.id: task.metadata.get("hops") for task in tasks}
+    by_hops: dict[int, list[bool]] = {}
+    for trajectory in trajectories:
+        count = hops.get(trajectory.task_id)
+        if isinstance(count, int):
+            by_hops.setdefault(count, []).append(is_correct(trajectory))
+    for count, results in sorted(by_hops.items()):  # tasks that say how many hops they need
+        metrics[f"eval/accuracy_hops{count}"] = sum(results) / len(results)
+        metrics[f"eval/episodes_hops{count}"] = float(len(results))
+    return metrics
 
 
 def where_outputs_are(out: Path) -> str:

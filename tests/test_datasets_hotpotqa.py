@@ -68,6 +68,7 @@ def test_bridge_question_has_a_bridge_then_an_answer_clue(tmp_path: Path) -> Non
     assert answer.text == "Shirley Temple was an actress. She served as Chief of Protocol."
     assert answer.evidence_urls == (PREFIX + "Shirley_Temple",) and answer.aliases == ("Chief of Protocol",)
     assert [c.id for c in task.clues] == ["q1/clue0", "q1/clue1"]
+    assert task.metadata["hops"] == 2  # its two supporting paragraphs
 
 
 def test_yes_no_answers_mark_no_paragraph_and_repeated_paragraphs_are_one_page(tmp_path: Path) -> None:
@@ -135,6 +136,7 @@ def test_musique_rows_every_paragraph_its_page_clues_in_hop_order() -> None:
         assert [pages[c.evidence_urls[0]].text for c in task.clues] == [p["paragraph_text"] for p in hops]
         assert [c.role for c in task.clues] == ["bridge", "answer"]
         assert task.clues[-1].aliases == task.answers
+        assert task.metadata["hops"] == len(hops)  # held-out accuracy is reported by hop count
     married = next(d for d in hotpot.corpus if "married" in d.text)
     assert married.title == "Tomas Venn" and married.doc_id == paragraph_slug(married.title, married.text)
 

@@ -8,6 +8,7 @@ import math
 import sys
 import types
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,21 @@ def test_step_metrics_leave_out_averages_over_nothing() -> None:
     assert all(math.isfinite(v) for v in [*m.values(), *empty.values()])
 
 
+def test_groups_whose_samples_all_scored_the_same_are_counted() -> None:
+    """Four groups of two (and a lone sample, left out): outcomes (1, 1), (0, 0), (0, 1), (-1, 0)."""
+    def sample(uid: str, index: int, outcome: float) -> Trajectory:
+        answer = "Paris" if outcome == 1.0 else "Lyon"
+        return replace(trajectory(index, [turn(0, response=1, observation=0, version=0)], answer=answer,
+                                  outcome=outcome), uid=uid)
+    outcomes = {"a": (1.0, 1.0), "b": (0.0, 0.0), "c": (0.0, 1.0), "d": (-1.0, 0.0)}
+    batch = [sample(uid, i, o) for uid, pair in outcomes.items() for i, o in enumerate(pair)]
+    m = step_metrics([*batch, sample("e", 0, 1.0)], wall_s=1.0)
+    assert m["reward/uniform_groups"] == 0.5  # a and b: no signal for an outcome-only estimator
+    assert m["reward/all_wrong_groups"] == 0.5  # b and d
+    assert "(same reward in 50% of groups)" in render(m, 1)
+    assert "reward/uniform_groups" not in step_metrics([sample("e", 0, 1.0)], wall_s=1.0)
+
+
 @pytest.mark.parametrize(("stop", "answer", "metadata", "correct"), [
     (StopReason.ANSWERED, "The Paris!", {}, True),  # exact match after normalisation
     (StopReason.ANSWERED, "Lyon", {}, False),
@@ -181,7 +197,8 @@ def test_console_summary(capsys: pytest.CaptureFixture[str]) -> None:
         sink.log(metrics, step=7)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith("step 7 | reward 0.375 acc 50.0% | turns 1.8 (max 3) | fmt 71.4%")
+    assert lines[0].startswith("step 7 | reward 0.375 acc 50.0% (same reward in 0% of groups) | turns 1.8 (max 3) "
+                               "| fmt 71.4%")
     assert "stale 0.43 (max 2)" in lines[0] and "3.5 turns/s 7 tok/s" in lines[0]
     assert "dropped 1" in lines[0]
     assert lines[1] == ("  time rollout 1.5s step 2.0s | learner loss 0.5 grad_norm 1.5 downsampled -2"

@@ -110,6 +110,9 @@ def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: P
     assert [int(m["step"]) for m in history] == [0, 1, 2, 3]
     assert history[0]["eval/episodes"] == 2 and 0.0 <= history[0]["eval/accuracy"] <= 1.0  # 1 task x 2 samples
     assert "eval/accuracy_low" in history[0] and "eval/format_rate" in history[0]
+    # the default's held-out questions are one-hop: accuracy by hop count has that one entry
+    assert history[0]["eval/accuracy_hops1"] == history[0]["eval/accuracy"]
+    assert history[0]["eval/episodes_hops1"] == 2 and not any("hops2" in key for key in history[0])
     assert "eval/accuracy" in history[2] and "eval/accuracy" in history[3]  # every 2 steps, and the last
     assert all("format/ok_rate" in m and "time/rollout_s" in m and "learner/loss" in m for m in history[1:])
     assert (tmp_path / "tensorboard").is_dir() and any((tmp_path / "tensorboard").iterdir())

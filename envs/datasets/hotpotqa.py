@@ -188,6 +188,7 @@ def _task(record: object, at: str, *, default_id: str, pages: _Corpus) -> Task:
     metadata: dict[str, JsonValue] = {
         "source": str(record.get("source", "musique" if hops is not None else "hotpotqa")),
         "supporting_titles": [paragraph.title for paragraph in supporting],
+        "hops": len(hops) if hops is not None else len(supporting),  # paragraphs the answer needs
     }
     return Task(id=task_id, question=question, answers=answers,
                 clues=_clues(task_id, question, answers, supporting, hops), metadata=metadata)
