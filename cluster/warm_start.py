@@ -63,12 +63,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.rollout import RolloutConfig, run_rollout
-from envs.datasets.registry import DatasetConfig
+from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.env import EnvConfig
 from envs.synthetic.expert import ExpertConfig
 from rollout.context import ContextConfig
 from rollout.episode import EpisodeConfig
-from rollout.model_store import BUILD_INFO, ITER_MODEL, RANDOM_MODEL, SFT_MODEL, WARM_MODEL, resolve_model
+from rollout.model_store import (
+    BUILD_INFO,
+    ITER_MODEL,
+    MULTIHOP_MODEL,
+    RANDOM_MODEL,
+    SFT_MODEL,
+    WARM_MODEL,
+    resolve_model,
+)
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
 if TYPE_CHECKING:
@@ -82,6 +90,12 @@ founder of Quorin Society?"), read on one page; 1,200 questions, 1,090 for train
 out. Questions whose answer is a value (a year, a colour) are left to the harder splits: the tiny
 warm start copies a name it has read (rare tokens) but not a value (frequent tokens with a strong
 prior; docs/benchmarks/learning.md)."""
+
+MULTIHOP_TASKS: dict[str, Any] = {"min_hops": 2, "max_hops": 3, "entity_answer_fraction": 1.0,
+                                  "aggregation_fraction": 0.0, "count": 1200}
+"""The multi-hop split: the name two or three relations away, read on as many pages (five or seven
+turns); 1,200 questions, the same train/held-out split rule as the default's."""
+MULTIHOP_TURNS = 8  # three hops take seven turns; one more to recover from a missed search
 
 WARM_CORPUS_PORT = 20011
 """The port the warm start's data was served on, and where the embedded default serves its corpus:
@@ -111,6 +125,11 @@ class WarmStartRecipe:
     # a page (a guess, nearly always wrong). Those trajectories are kept whatever their outcome; the
     # others only when correct (:func:`expert_trajectories`).
     hasty_fraction: float = 0.0
+    # The share of multi-hop tasks the expert stops early, answering with a bridge entity
+    # (ExpertConfig.early_fraction); kept whatever their outcome, as the hasty ones.
+    early_fraction: float = 0.0
+    max_turns: int = 6  # the expert's episodes (the default's, unless the questions need more hops)
+    context_budget: int = 3072
     # The context manager the expert's episodes run in: with iter_research every turn also writes
     # the <report> that protocol carries from one round to the next (engine.scripted.report).
     context: str = "mono"
@@ -140,6 +159,12 @@ RECIPES: dict[str, WarmStartRecipe] = {
     # so it takes 500 (1.9 epochs). Not committed; benchmarks/learning.py builds it.
     ITER_MODEL: WarmStartRecipe(base=WARM_MODEL, limit=800, hasty_fraction=0.5, context="iter_research",
                                 induction_steps=0, steps=500, lr=5e-4, warmup_steps=10),
+    # The start of the multi-hop comparison (issue 36): the warm start after SFT on two- and
+    # three-hop chains (up to seven turns), half of them stopped early at a bridge entity (a wrong
+    # answer), so that it sometimes finishes a chain and most groups of its samples are all wrong.
+    MULTIHOP_MODEL: WarmStartRecipe(base=WARM_MODEL, tasks={**MULTIHOP_TASKS, "count": 5000}, limit=800,
+                                    early_fraction=0.5, max_turns=MULTIHOP_TURNS, context_budget=4096,
+                                    induction_steps=0, steps=150, lr=5e-4, warmup_steps=10),
 }
 """The recipe of each model this module builds, by name (``turnstile build-model NAME --out DIR``)."""
 
@@ -152,6 +177,8 @@ WHAT = {
                 "warm start of `turnstile train`)",
     ITER_MODEL: "tiny-qwen3-mixed after SFT on the same two agents' trajectories in the iter_research "
                 "context, every turn with its <report> (the start of the mono vs iter_research ablation)",
+    MULTIHOP_MODEL: "tiny-qwen3-mixed after SFT on the expert's two- and three-hop chains, half of them "
+                    "stopped early at a bridge entity (the start of the multi-hop credit comparison)",
 }
 
 
@@ -254,18 +281,20 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
     """The scripted expert once on every task of ``split``, an equal share on each of the recipe's
     corpus ports (only the first ``shards`` shares if given; of each, the first ``limit`` tasks, by
     default the recipe's); its correct trajectories and those it answered hastily (the recipe's
-    ``hasty_fraction``), by port and then by task id."""
+    ``hasty_fraction``) or stopped early (``early_fraction``), by port and then by task id."""
     from envs.answers import answer_matches
 
-    hasty = ExpertConfig(hasty_fraction=recipe.hasty_fraction).hasty
+    expert = ExpertConfig(hasty_fraction=recipe.hasty_fraction, early_fraction=recipe.early_fraction)
     limit = recipe.limit if limit is None else limit
     rollout = RolloutConfig()
     rollout.group_size = 1
     rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
     rollout.engine.scripted.hasty_fraction = recipe.hasty_fraction
+    rollout.engine.scripted.early_fraction = recipe.early_fraction
     rollout.engine.scripted.report = recipe.context == "iter_research"
     rollout.context = ContextConfig(kind=recipe.context)
-    rollout.episode = default_episode()
+    rollout.episode = replace(default_episode(), context_budget=recipe.context_budget,
+                              env=replace(default_episode().env, max_turns=recipe.max_turns))
     rollout.fleet.workers = 2
     rollout.fleet.episodes_per_worker = 8
     kept = []
@@ -275,10 +304,22 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
         part = out.with_name(f"{out.stem}.{shard}{out.suffix}")
         run_rollout(replace(rollout, data=data, corpus=replace(rollout.corpus, port=port)), part,
                     progress=progress)
-        done = [t for t in load_trajectories(part)
-                if hasty(t.task_id) or (t.answered and answer_matches(t.answer, t.answers))]
+        hops = {task.id: _hop_count(task.metadata.get("path")) for task in load_tasks(data)}
+        done = [t for t in load_trajectories(part) if deliberate_mistake(expert, t, hops.get(t.task_id, 0))
+                or (t.answered and answer_matches(t.answer, t.answers))]
         kept += sorted(done, key=lambda t: t.task_id)
     return kept
+
+
+def _hop_count(path: object) -> int:
+    """The hops of a synthetic chain's plan (its ``path``); 0 for other tasks."""
+    return len(path) if isinstance(path, list) else 0
+
+
+def deliberate_mistake(expert: ExpertConfig, trajectory: Trajectory, hops: int) -> bool:
+    """Whether the expert answered ``trajectory`` (a task of ``hops`` hops) hastily or stopped its
+    chain early, by design."""
+    return expert.hasty(trajectory.task_id) or expert.stops_after(trajectory.task_id, hops) is not None
 
 
 def training_sequences(trajectories: list[Trajectory], max_length: int) -> list[tuple[list[int], list[int]]]:

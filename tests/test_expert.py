@@ -85,6 +85,33 @@ def test_a_hasty_expert_answers_from_the_listing_without_opening_a_page(world: W
     assert parse_turn(alone.next_turn(listed_alone)).answer == "unknown"  # nothing else listed: no guess
 
 
+async def test_an_early_expert_answers_with_a_bridge_entity(world: World) -> None:
+    """``early_fraction``: that share of chains of two or more hops (a function of the task id) is
+    answered after k < n hops with the entity reached there, through the real tools; one-hop chains
+    and hasty questions never stop early; the rest are solved as before."""
+    chains = [t for t in generate_tasks(world, QuestionConfig(count=60, min_hops=2, max_hops=3,
+                                                              entity_answer_fraction=1.0,
+                                                              aggregation_fraction=0.0), BASE)]
+    half = ExpertConfig(early_fraction=0.5)
+    stops = {t.id: half.stops_after(t.id, len(t.metadata["path"])) for t in chains}  # type: ignore[arg-type]
+    early = [t for t in chains if stops[t.id] is not None]
+    assert 0 < len(early) < len(chains)
+    assert all(1 <= stops[t.id] < len(t.metadata["path"]) for t in early)  # type: ignore[arg-type, operator]
+    assert {stops[t.id] for t in early if len(t.metadata["path"]) == 3} == {1, 2}  # type: ignore[arg-type]
+    assert ExpertConfig(early_fraction=1.0).stops_after("q", 1) is None  # one hop: nothing to stop
+    assert ExpertConfig(early_fraction=1.0, hasty_fraction=1.0).stops_after("q", 3) is None
+    with pytest.raises(ValueError, match="early_fraction"):
+        ExpertConfig(early_fraction=-0.1)
+
+    toolbox = _memory_toolbox(world)
+    for task in early[:4] + [t for t in chains if stops[t.id] is None][:2]:
+        result = await run_expert_episode(task, toolbox, EnvConfig(max_turns=8), half)
+        if stops[task.id] is None:
+            assert result.correct, (task.question, result.answer)
+            continue
+        assert not result.correct and result.tool_calls == 2 * stops[task.id]  # type: ignore[operator]
+
+
 def test_a_missed_search_is_retried_with_another_query(tasks: list[Task]) -> None:
     task = next(t for t in tasks if t.metadata["kind"] == "chain")
     expert = ScriptedExpert(task)

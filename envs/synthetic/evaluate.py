@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from envs.answers import answer_matches
 from envs.corpus_server import CorpusServer, CorpusServerConfig
 from envs.env import EnvConfig, SearchBrowseEnv
-from envs.synthetic.expert import ScriptedExpert
+from envs.synthetic.expert import ExpertConfig, ScriptedExpert
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import WorldConfig, generate_world
@@ -94,11 +94,12 @@ class ExpertReport:
         return "\n".join(lines)
 
 
-async def run_expert_episode(task: Task, toolbox: Toolbox, env_config: EnvConfig) -> QuestionResult:
-    """One episode of the scripted expert on ``task`` through ``SearchBrowseEnv``."""
+async def run_expert_episode(task: Task, toolbox: Toolbox, env_config: EnvConfig,
+                             expert_config: ExpertConfig | None = None) -> QuestionResult:
+    """One episode of the scripted expert (with ``expert_config``) on ``task`` through ``SearchBrowseEnv``."""
     started = time.monotonic()
     env = SearchBrowseEnv(task, toolbox, env_config)
-    expert = ScriptedExpert(task)
+    expert = ScriptedExpert(task, expert_config)
     tool_calls, answer = 0, None
     try:
         await env.reset()

@@ -42,15 +42,31 @@ class ExpertConfig:
     # the expert then answers with the first result that is not the question's entity (a guess, as
     # an agent that stops early makes). Which questions is a function of the task id alone.
     hasty_fraction: float = 0.0
+    # The share of chain questions of two or more hops on which the expert stops the chain early:
+    # after reading k of its n hops (k from 1 to n - 1, drawn from the task id) it answers with the
+    # entity it has reached, the wrong answer of an agent that takes a bridge for the end.
+    early_fraction: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.hasty_fraction <= 1.0:
-            raise ValueError(f"hasty_fraction must be in [0, 1], got {self.hasty_fraction!r}")
+        for name in ("hasty_fraction", "early_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
 
     def hasty(self, task_id: str) -> bool:
         """Whether the expert answers ``task_id`` from the search listing (see ``hasty_fraction``)."""
-        draw = int(hashlib.sha256(f"0:{task_id}".encode()).hexdigest()[:8], 16)
-        return draw / 16**8 < self.hasty_fraction
+        return _draw("0", task_id) < self.hasty_fraction
+
+    def stops_after(self, task_id: str, hops: int) -> int | None:
+        """After how many hops of ``task_id``'s ``hops`` the expert answers, if it stops early (see
+        ``early_fraction``); None when it follows the whole chain. Never for a hasty question."""
+        if hops < 2 or self.hasty(task_id) or _draw("1", task_id) >= self.early_fraction:
+            return None
+        return 1 + int(_draw("2", task_id) * (hops - 1))
+
+
+def _draw(salt: str, task_id: str) -> float:
+    """A number in [0, 1) that depends on the task id and the salt alone."""
+    return int(hashlib.sha256(f"{salt}:{task_id}".encode()).hexdigest()[:8], 16) / 16**8
 
 
 class _GiveUp(Exception):
@@ -144,6 +160,7 @@ class ScriptedExpert:
         if self.config.hasty(self.task.id):
             yield from self._guess(name, path)
             return
+        stop = self.config.stops_after(self.task.id, len(path))
         try:
             for hop, (source_kind, relation_name) in enumerate(path, start=1):
                 spec = schema.relation(source_kind, relation_name)
@@ -157,6 +174,10 @@ class ScriptedExpert:
                 self._fallback = target
                 read = f"The page of {name} gives {spec.label}: {target}. "
                 name, kind = target, spec.target
+                if hop == stop:  # an agent that takes this bridge for the end of the chain
+                    yield render_answer(name, f"{read}That is what the question asks for, so the "
+                                              f"answer is {name}.")
+                    return
             if attribute is None:
                 yield render_answer(name, f"{read}Following every relation of the question leads to "
                                           f"{name}, so that is the answer.")

@@ -42,6 +42,8 @@ class ScriptedEngineConfig:
     report: bool = False  # write a <report> block (iter_research protocol)
     # the share of chain questions the expert answers from the search listing, unread (a guess)
     hasty_fraction: float = 0.0
+    # the share of chain questions of 2+ hops on which it stops early, answering with a bridge entity
+    early_fraction: float = 0.0
     world_seed: int = 0
     world_entities: int = 3000
     questions: dict[str, Any] = field(default_factory=dict)  # the synthetic data's options (data.options)

@@ -121,7 +121,8 @@ class ScriptedEngine:
         scripted = config.scripted
         if scripted.mode == "expert":
             return cls(chat, tasks=_expert_tasks(scripted), report=scripted.report,
-                       expert=ExpertConfig(hasty_fraction=scripted.hasty_fraction))
+                       expert=ExpertConfig(hasty_fraction=scripted.hasty_fraction,
+                                           early_fraction=scripted.early_fraction))
         if scripted.mode == "replay":
             if not scripted.replay_path:
                 raise ValueError("engine.scripted.mode=replay needs engine.scripted.replay_path (a "
