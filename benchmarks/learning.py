@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from rollout.model_store import BUILD_INFO, ITER_MODEL
+from rollout.model_store import BUILD_INFO, ITER_MODEL, MULTIHOP_MODEL
 from rollout.trajectory import load_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,6 +46,14 @@ CLUES = "rewards=[{kind: exact_match}, {kind: format}, {kind: clue_steps}]"
 # An iter_research turn writes its <report> besides the think and the call: at the default's 160
 # new tokens a turn, 18% of the warm start's rounds are cut (median 132 tokens, 90th percentile 157).
 ITER = ["rollout.context.kind=iter_research", "estimator.name=gspo_round", "learner.loss=gspo"]
+
+# The multi-hop comparison (issue 36): two- and three-hop chains (seven turns at most for the expert,
+# eight allowed), 2,000 questions so that ~180 are held out (one evaluation within about ±5 points at
+# 15%), from tiny-qwen3-multihop, 20 steps, evaluations at steps 0, 10 and 20.
+MULTIHOP_MIX = "{min_hops: 2, max_hops: 3, entity_answer_fraction: 1.0, aggregation_fraction: 0.0, count: 2000}"
+MULTIHOP = [f"rollout.data.options={MULTIHOP_MIX}", f"eval_data.options={MULTIHOP_MIX}",
+            "rollout.episode.env.max_turns=8", "rollout.episode.context_budget=4096", "steps=20", "eval_every=10"]
+MULTIHOP_ARMS = ("mh_grpo", "mh_igpo", "mh_igpo_every", "mh_abc_grpo")
 
 ARMS: dict[str, tuple[str, list[str]]] = {
     "grpo": ("GRPO, mono context (the default)", []),
@@ -65,6 +74,12 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "mono_gspo_iter": ("mono context, GSPO loss (from tiny-qwen3-iter)", ["learner.loss=gspo"]),
     "grpo_hard": ("GRPO on the hard split (2 hops)", [HARD, HARD_EVAL]),
     "igpo_hard": ("IGPO on the hard split (2 hops)", [HARD, HARD_EVAL, IG, "estimator.name=igpo"]),
+    "mh_grpo": ("multi-hop: GRPO", MULTIHOP),
+    "mh_igpo": ("multi-hop: IGPO (browse-aware IG, IG-Scale, turn format penalty)",
+                [*MULTIHOP, IG, "estimator.name=igpo"]),
+    "mh_igpo_every": ("multi-hop: IG at every turn boundary (ig_tools=[])",
+                      [*MULTIHOP, IG, "estimator.name=igpo", "estimator.options={ig_tools: []}"]),
+    "mh_abc_grpo": ("multi-hop: ABC-GRPO, heuristic clue judge", [*MULTIHOP, CLUES, "estimator.name=abc_grpo"]),
 }
 # The arms that start from another model than the warm start, built once into OUT/models/NAME
 # (`turnstile build-model NAME`, resumable). The warm start never writes the <report> an
@@ -72,7 +87,7 @@ ARMS: dict[str, tuple[str, list[str]]] = {
 # accuracy at step 0, 110 episodes) and no estimator has a signal; mono vs iter_research is compared
 # from tiny-qwen3-iter, which writes both.
 ARM_MODELS = {arm: ITER_MODEL for arm in ("iter_research_gspo", "iter_research_gspo_160", "iter_research_gspo_mb64",
-                                          "mono_gspo_iter")}
+                                          "mono_gspo_iter")} | {arm: MULTIHOP_MODEL for arm in MULTIHOP_ARMS}
 
 
 def finished(out: Path) -> bool:
@@ -132,6 +147,13 @@ def run_summary(out: Path) -> dict[str, object]:
             "turns": statistics.fmean(len(t.turns) for t in trained) if trained else 0.0,
             "format": {int(row["step"]): row["eval/format_rate"] for row in data["history"]
                        if "eval/format_rate" in row},
+            # per training step, the share of groups whose samples all got the same outcome
+            "uniform": {int(row["step"]): row["reward/uniform_groups"] for row in data["history"]
+                        if "reward/uniform_groups" in row},
+            # per evaluation, accuracy by the questions' hop count
+            "hops": {int(row["step"]): {key.removeprefix("eval/accuracy_hops"): value for key, value in row.items()
+                                        if key.startswith("eval/accuracy_hops")}
+                     for row in data["history"] if "eval/accuracy" in row},
             "wall_s": _previous_wall(out)}
 
 
@@ -140,8 +162,8 @@ def load_record(record: Path) -> dict[str, dict[int, dict[str, object]]]:
     if not record.is_file():
         return {}
     raw = json.loads(record.read_text())
-    return {arm: {int(seed): {**run, "evals": {int(k): v for k, v in run["evals"].items()},
-                              "format": {int(k): v for k, v in run["format"].items()}}
+    return {arm: {int(seed): {**run, **{field: {int(k): v for k, v in run.get(field, {}).items()}
+                                        for field in ("evals", "format", "uniform", "hops")}}
                   for seed, run in seeds.items()} for arm, seeds in raw.items()}
 
 
@@ -156,16 +178,29 @@ def report(root: Path, doc: Path | None, record: Path) -> dict[str, dict[str, ob
     record.write_text(json.dumps({arm: {str(seed): run for seed, run in sorted(seeds.items())}
                                   for arm, seeds in summaries.items()}, indent=1) + "\n")
     results = {arm: {"label": ARMS[arm][0], "seeds": summaries[arm]} for arm in ARMS if summaries.get(arm)}
-    lines = table(results)
-    print("\n".join(lines))
+    onehop = {arm: entry for arm, entry in results.items() if arm not in MULTIHOP_ARMS}
+    multihop = {arm: entry for arm, entry in results.items() if arm in MULTIHOP_ARMS}
+    lines, multihop_lines = table(onehop), multihop_table(multihop)
+    print("\n".join([*lines, "", *multihop_lines]))
     if doc is not None:
-        plot(results, doc.with_suffix(".png"))
-        marker = "<!-- learning-table -->"
-        text = doc.read_text() if doc.is_file() else f"# Learning\n\n{marker}\n{marker}\n"
-        head, _, rest = text.partition(marker)
-        _, _, tail = rest.partition(marker)
-        doc.write_text(f"{head}{marker}\n" + "\n".join(lines) + f"\n{marker}{tail}")
+        plot(onehop, doc.with_suffix(".png"), "the ablations in miniature")
+        text = doc.read_text() if doc.is_file() else "# Learning\n"
+        text = _replace_between(text, "<!-- learning-table -->", lines)
+        if multihop:
+            plot(multihop, doc.with_name(doc.stem + "-multihop.png"), "two- and three-hop questions")
+            text = _replace_between(text, "<!-- multihop-table -->", multihop_lines)
+        doc.write_text(text)
     return results
+
+
+def _replace_between(text: str, marker: str, lines: list[str]) -> str:
+    """``text`` with what lies between the two ``marker`` lines replaced by ``lines`` (appended with
+    its markers when the text has none)."""
+    if marker not in text:
+        text = f"{text.rstrip()}\n\n{marker}\n{marker}\n"
+    head, _, rest = text.partition(marker)
+    _, _, tail = rest.partition(marker)
+    return f"{head}{marker}\n" + "\n".join(lines) + f"\n{marker}{tail}"
 
 
 def _mean_std(values: list[float]) -> str:
@@ -196,7 +231,64 @@ def table(results: dict[str, dict[str, object]]) -> list[str]:
     return lines
 
 
-def plot(results: dict[str, dict[str, object]], path: Path) -> None:
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom (fractional, as
+    Welch's are): bisection on the CDF, integrated with Simpson's rule. No SciPy here for one number."""
+    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(x: float, n: int = 2000) -> float:
+        h = x / n
+        total = sum((1 if i in (0, n) else 4 if i % 2 else 2) * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2)
+                    for i in range(n + 1))
+        return 0.5 + scale * total * h / 3
+
+    low, high = 0.0, 1000.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if cdf(middle) < p else (low, middle)
+    return (low + high) / 2
+
+
+def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """``mean(a) - mean(b)`` and its 95% Welch interval (unequal variances, Welch-Satterthwaite
+    degrees of freedom); the interval is the point itself when neither sample varies."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    difference = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:
+        return difference, difference, difference
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = t_quantile(0.975, df) * math.sqrt(va + vb)
+    return difference, difference - half, difference + half
+
+
+def multihop_table(results: dict[str, dict[str, object]]) -> list[str]:
+    """The multi-hop comparison: each arm's held-out accuracy before and after, by hop count, its
+    difference from GRPO after the last step with the 95% Welch interval over seeds, and the share of
+    training groups whose samples all got the same outcome (mean over steps and seeds)."""
+    lines = ["| arm | seeds | held-out % before | after | after, 2 / 3 hops | vs GRPO after (points, 95% Welch) | "
+             "same-outcome groups % | turns per episode | wall per run (min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    finals = {arm: [r["evals"][max(r["evals"])] for r in entry["seeds"].values()]  # type: ignore[union-attr]
+              for arm, entry in results.items()}
+    grpo = finals.get("mh_grpo", [])
+    for arm, entry in results.items():
+        runs = list(entry["seeds"].values())  # type: ignore[union-attr]
+        before = [r["evals"][0] for r in runs]
+        by_hops = [r["hops"].get(max(r["evals"]), {}) for r in runs]
+        hops = " / ".join(_mean_std([h[n] for h in by_hops if n in h]) for n in ("2", "3"))
+        versus = "-"
+        if arm != "mh_grpo" and len(grpo) >= 2 and len(finals[arm]) >= 2:
+            difference, low, high = welch_interval(finals[arm], grpo)
+            versus = f"{difference * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]"
+        uniform = [value for r in runs for value in r.get("uniform", {}).values()]
+        lines.append(f"| {arm}: {entry['label']} | {len(runs)} | {_mean_std(before)} | {_mean_std(finals[arm])} | "
+                     f"{hops} | {versus} | {_mean_std(uniform)} | "
+                     f"{statistics.fmean(r['turns'] for r in runs):.1f} | "
+                     f"{statistics.fmean(r['wall_s'] for r in runs) / 60:.1f} |")
+    return lines
+
+
+def plot(results: dict[str, dict[str, object]], path: Path, title: str) -> None:
     try:
         import matplotlib
     except ImportError:
@@ -215,7 +307,7 @@ def plot(results: dict[str, dict[str, object]], path: Path) -> None:
         axis.errorbar(steps, means, yerr=spread, marker="o", capsize=3, label=f"{arm} ({len(runs)} seeds)")
     axis.set_xlabel("training step")
     axis.set_ylabel("held-out accuracy, % (mean ± std over seeds)")
-    axis.set_title("turnstile train from the warm start: the ablations in miniature")
+    axis.set_title(f"turnstile train from the warm start: {title}")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()

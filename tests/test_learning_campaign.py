@@ -38,3 +38,36 @@ def test_recorded_runs_are_not_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyP
                                       str(tmp_path / "out"), "--record", str(record)])
     learning.main()
     assert trained == [("grpo", 1)]
+
+
+def test_welch_interval_uses_student_t_with_welch_degrees_of_freedom() -> None:
+    assert learning.t_quantile(0.975, 2) == pytest.approx(4.303, abs=1e-3)
+    assert learning.t_quantile(0.975, 30) == pytest.approx(2.042, abs=1e-3)
+    difference, low, high = learning.welch_interval([0.30, 0.32, 0.28], [0.20, 0.25, 0.18])
+    # by hand: variances of the means 1.33e-4 and 4.33e-4, 3.12 degrees of freedom, t = 3.13
+    assert difference == pytest.approx(0.09) and (low, high) == (pytest.approx(0.0159, abs=5e-4),
+                                                                  pytest.approx(0.1641, abs=5e-4))
+    assert learning.welch_interval([0.2, 0.2], [0.1, 0.1]) == (pytest.approx(0.1),) * 3
+
+
+def test_the_multihop_arms_get_their_own_table(tmp_path: Path) -> None:
+    def run(before: float, after: float, uniform: float) -> dict[str, object]:
+        return {**summary(before, after), "uniform": {"1": uniform, "2": uniform},
+                "hops": {"10": {"2": after + 0.05, "3": after - 0.05}}}
+    record = tmp_path / "runs.json"
+    record.write_text(json.dumps({
+        "grpo": {"0": summary(0.10, 0.30)},
+        "mh_grpo": {"0": run(0.10, 0.10, 0.9), "1": run(0.10, 0.14, 0.8)},
+        "mh_igpo": {"0": run(0.10, 0.20, 0.9), "1": run(0.10, 0.22, 0.9)}}))
+    doc = tmp_path / "learning.md"
+    doc.write_text("# Learning\n\n<!-- learning-table -->\n<!-- learning-table -->\n\ntext\n")
+    learning.report(tmp_path / "empty", doc, record)
+    text = doc.read_text()
+    one_hop, multihop = text.split("<!-- learning-table -->")[1], text.split("<!-- multihop-table -->")[1]
+    assert "| grpo:" in one_hop and "mh_" not in one_hop
+    rows = {line.split(":")[0].strip("| "): line for line in multihop.splitlines() if line.startswith("| mh_")}
+    assert sorted(rows) == ["mh_grpo", "mh_igpo"]
+    # IGPO 21 ± 1.4 against GRPO 12 ± 2.8: +9 points, its Welch interval, groups 90% uniform
+    assert "| 21.0 ± 1.4 |" in rows["mh_igpo"] and "+9.0 [" in rows["mh_igpo"] and "| 90.0 ± 0.0 |" in rows["mh_igpo"]
+    assert "| 26.0 ± 1.4 / 16.0 ± 1.4 |" in rows["mh_igpo"]  # after, 2 and 3 hops
+    assert (tmp_path / "learning-multihop.png").is_file() and text.rstrip().endswith("<!-- multihop-table -->")
