@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rollout.model_store import BUILD_INFO, ITER_MODEL, MULTIHOP_MODEL
 from rollout.trajectory import load_trajectories
@@ -167,7 +168,7 @@ def load_record(record: Path) -> dict[str, dict[int, dict[str, object]]]:
                   for seed, run in seeds.items()} for arm, seeds in raw.items()}
 
 
-def report(root: Path, doc: Path | None, record: Path) -> dict[str, dict[str, object]]:
+def report(root: Path, doc: Path | None, record: Path) -> dict[str, dict[str, Any]]:
     """Adds the runs finished in ``root`` to the record, rewrites it, and the table from it."""
     summaries = load_record(record)
     for arm in ARMS:
@@ -210,12 +211,12 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values) * 100:.1f} ± {spread * 100:.1f}"
 
 
-def table(results: dict[str, dict[str, object]]) -> list[str]:
+def table(results: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["| arm | seeds | held-out accuracy % before | after | change (points) | format % after | "
              "browse ratio correct / wrong | turns per episode | wall per run (min) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for arm, entry in results.items():
-        runs = list(entry["seeds"].values())  # type: ignore[union-attr]
+        runs = list(entry["seeds"].values())
         before = [r["evals"][0] for r in runs]
         after = [r["evals"][max(r["evals"])] for r in runs]
         change = [b - a for a, b in zip(before, after, strict=True)]
@@ -261,18 +262,18 @@ def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float]
     return difference, difference - half, difference + half
 
 
-def multihop_table(results: dict[str, dict[str, object]]) -> list[str]:
+def multihop_table(results: dict[str, dict[str, Any]]) -> list[str]:
     """The multi-hop comparison: each arm's held-out accuracy before and after, by hop count, its
     difference from GRPO after the last step with the 95% Welch interval over seeds, and the share of
     training groups whose samples all got the same outcome (mean over steps and seeds)."""
     lines = ["| arm | seeds | held-out % before | after | after, 2 / 3 hops | vs GRPO after (points, 95% Welch) | "
              "same-outcome groups % | turns per episode | wall per run (min) |",
              "|---|---|---|---|---|---|---|---|---|"]
-    finals = {arm: [r["evals"][max(r["evals"])] for r in entry["seeds"].values()]  # type: ignore[union-attr]
+    finals = {arm: [r["evals"][max(r["evals"])] for r in entry["seeds"].values()]
               for arm, entry in results.items()}
     grpo = finals.get("mh_grpo", [])
     for arm, entry in results.items():
-        runs = list(entry["seeds"].values())  # type: ignore[union-attr]
+        runs = list(entry["seeds"].values())
         before = [r["evals"][0] for r in runs]
         by_hops = [r["hops"].get(max(r["evals"]), {}) for r in runs]
         hops = " / ".join(_mean_std([h[n] for h in by_hops if n in h]) for n in ("2", "3"))
@@ -288,7 +289,7 @@ def multihop_table(results: dict[str, dict[str, object]]) -> list[str]:
     return lines
 
 
-def plot(results: dict[str, dict[str, object]], path: Path, title: str) -> None:
+def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     try:
         import matplotlib
     except ImportError:
@@ -299,7 +300,7 @@ def plot(results: dict[str, dict[str, object]], path: Path, title: str) -> None:
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for arm, entry in results.items():
-        runs = list(entry["seeds"].values())  # type: ignore[union-attr]
+        runs = list(entry["seeds"].values())
         steps = sorted(set.intersection(*(set(r["evals"]) for r in runs)))
         means = [statistics.fmean(r["evals"][s] for r in runs) * 100 for s in steps]
         spread = [(statistics.stdev([r["evals"][s] for r in runs]) * 100 if len(runs) > 1 else 0.0)
