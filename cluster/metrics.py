@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, Self
 
+from envs.tools.base import Fault
+from rollout.faults import VERDICT_KEY
 from rollout.summary import is_correct
 from rollout.trajectory import StopReason, Trajectory
 
@@ -114,6 +116,7 @@ def step_metrics(trajectories: Sequence[Trajectory], *, wall_s: float,
         metrics["reward/accuracy"] = _share(is_correct(t) for t in trajectories)
         for reason in StopReason:
             metrics[f"rollout/stop_{reason.value}"] = _share(t.stop_reason is reason for t in trajectories)
+        metrics["rollout/environment_decided"] = float(sum(VERDICT_KEY in t.metadata for t in trajectories))
     outcomes = [t.outcome for t in trajectories if t.outcome is not None]
     if outcomes:
         metrics["reward/mean"] = statistics.fmean(outcomes)
@@ -130,6 +133,8 @@ def step_metrics(trajectories: Sequence[Trajectory], *, wall_s: float,
         metrics["rollout/tool_calls"] = float(len(calls))
         metrics["rollout/tool_failures"] = float(sum(turn.tool_ok is False for turn in calls))
         metrics["rollout/tool_error_rate"] = _share(turn.tool_ok is False for turn in calls)
+        for fault in Fault:  # whose doing each failure was
+            metrics[f"rollout/tool_failures_{fault.value}"] = float(sum(turn.tool_fault == fault for turn in calls))
     gains = [turn.ig for turn in turns if turn.ig is not None]
     metrics["ig/coverage"] = len(gains) / len(turns) if turns else 0.0
     if gains:
@@ -384,7 +389,11 @@ def render(metrics: Mapping[str, float], step: int) -> str:
                  f"{show('throughput/tokens_per_s', '.4g')} tok/s")
     if metrics.get("rollout/tool_failures", 0.0):
         first.append(f"tool failures {show('rollout/tool_failures', '.0f')}/"
-                     f"{show('rollout/tool_calls', '.0f')}")
+                     f"{show('rollout/tool_calls', '.0f')} (environment "
+                     f"{show('rollout/tool_failures_environment', '.0f')})")
+    if metrics.get("rollout/environment_decided", 0.0):
+        first.append(f"environment-decided episodes {show('rollout/environment_decided', '.0f')}"
+                     f" (left out {show('rollout/environment_left_out', '.0f')})")
     if metrics.get("rollout/dropped", 0.0):
         first.append(f"dropped {show('rollout/dropped', '.0f')}")
     second = []

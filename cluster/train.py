@@ -63,6 +63,7 @@ from rewards.apply import score_groups
 from rewards.base import RewardSpec, resolve_reward, reward_options
 from rewards.service import RewardServiceConfig
 from rollout.engines.registry import weight_sync
+from rollout.faults import VERDICT_KEY
 from rollout.model_store import RUN_MODEL, WARM_MODEL, resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
 from rollout.summary import nothing_ran
@@ -70,6 +71,7 @@ from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 from rollout.workers import WorkerSpec
 
 MODES = ("sync", "async")
+ENVIRONMENT_FAULTS = ("mask", "keep", "drop_group")  # what training does with an environment-decided episode
 
 
 def default_rollout() -> RolloutConfig:
@@ -92,6 +94,10 @@ class TrainJob:
     mode: str = "sync"  # sync | async (see cluster/train_async.py)
     name: str = ""  # prefix of the run's Ray actor names (<name>-worker-0, -engine-0, -reward-0); "" = random
     staleness: int = 1  # η: async rollout runs at most this many versions ahead; older samples drop
+    # An episode whose result the environment decided (rollout.episode.faults, rollout/faults.py):
+    # mask (left out of the loss and of its group's statistics), keep (trained as it ended), or
+    # drop_group (its whole group left out)
+    environment_faults: str = "mask"
     steps: int = 10
     tasks_per_step: int = 8  # tasks per step; each gets rollout.group_size samples
     shuffle: bool = True  # train tasks in a new random order each pass (seed: learner.seed); false = list order
@@ -115,6 +121,9 @@ class TrainJob:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode={self.mode!r} is not one of {', '.join(MODES)}")
+        if self.environment_faults not in ENVIRONMENT_FAULTS:
+            raise ValueError(f"environment_faults={self.environment_faults!r} is not one of "
+                             f"{', '.join(ENVIRONMENT_FAULTS)}")
         for name in ("steps", "tasks_per_step", "eval_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
@@ -171,21 +180,29 @@ def _pass_order(n: int, seed: int, pass_: int) -> tuple[int, ...]:
     return tuple(order)
 
 
-def trainable(trajectories: Sequence[Trajectory], version: int,
-              staleness: int) -> tuple[list[Trajectory], dict[str, int]]:
+def trainable(trajectories: Sequence[Trajectory], version: int, staleness: int,
+              environment_faults: str = "mask") -> tuple[list[Trajectory], dict[str, int]]:
     """The samples a step trains on, and how many of each kind it leaves out:
 
     - ``empty``: no turn (the engine failed before the first one; nothing to learn from);
     - ``unscored``: no outcome (the reward service gave up on it after its last delivery,
       ``metadata["reward_error"]``; its group trains on the others);
     - ``stale``: its oldest turn is more than ``staleness`` versions behind ``version`` (only the
-      asynchronous loop produces them).
+      asynchronous loop produces them);
+    - ``environment``: the environment decided its result (``metadata["environment_fault"]``,
+      rollout/faults.py) and ``environment_faults`` is ``mask``; with ``drop_group``, every sample
+      of a group that has one; with ``keep``, none. Left out before credit, so its group is
+      normalised over the others.
     """
-    left_out = {"empty": 0, "unscored": 0, "stale": 0}
+    faulted = {t.uid for t in trajectories if VERDICT_KEY in t.metadata} if environment_faults == "drop_group" \
+        else set()
+    left_out = {"empty": 0, "unscored": 0, "stale": 0, "environment": 0}
     fresh = []
     for trajectory in trajectories:
         if not trajectory.turns:
             left_out["empty"] += 1
+        elif (environment_faults == "mask" and VERDICT_KEY in trajectory.metadata) or trajectory.uid in faulted:
+            left_out["environment"] += 1
         elif trajectory.outcome is None:
             left_out["unscored"] += 1
         elif too_stale(min(turn.weights_version for turn in trajectory.turns), version, staleness):
@@ -351,7 +368,7 @@ class Run:
         failure = nothing_ran(trajectories, f"episode of step {state.step + 1}")
         if failure:  # stop instead of "training" on nothing
             raise TrainError(failure)
-        fresh, left_out = trainable(trajectories, state.weights_version, job.staleness)
+        fresh, left_out = trainable(trajectories, state.weights_version, job.staleness, job.environment_faults)
         state.dropped_stale += left_out["stale"]
         if fresh:
             assign_credit(fresh, self.estimator)
@@ -378,6 +395,7 @@ class Run:
         metrics.update({"rollout/rerun": float(self.rerun), "rollout/failed": float(self.failed),
                         "staleness/dropped_total": float(state.dropped_stale),
                         "rollout/empty": float(left_out["empty"]),
+                        "rollout/environment_left_out": float(left_out["environment"]),
                         "rewards/unscored": float(left_out["unscored"]),
                         "weights/version": float(state.weights_version), **self.fleet.metrics(),
                         **(extra or {})})

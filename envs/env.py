@@ -43,7 +43,7 @@ from envs.protocol import (
     system_prompt,
 )
 from envs.tasks import Task
-from envs.tools.base import JsonObject
+from envs.tools.base import Fault, JsonObject, fault_of
 from envs.tools.toolbox import Toolbox
 
 Message = dict[str, str]
@@ -83,10 +83,18 @@ class StepInfo:
     tool_seconds: float = 0.0
     forced_final: bool = False  # the observation is the forced-answer instruction
     end: StopReason | None = None
+    tool_fault: Fault | None = None  # whose doing a failed call was; None: by its error kind
 
     @property
     def format_ok(self) -> bool:
         return self.parsed.format_ok
+
+    @property
+    def fault(self) -> Fault | None:
+        """Whose doing the tool's failure was (None when no tool failed)."""
+        if self.tool_ok is not False:
+            return None
+        return self.tool_fault if self.tool_fault is not None else fault_of(self.tool_error or "")
 
     @property
     def answer(self) -> str | None:
@@ -305,7 +313,8 @@ class SearchBrowseEnv(ProtocolEnv):
         started = time.monotonic()
         outcome = await self.toolbox.run(name, parsed.arguments)
         info = StepInfo(turn, parsed, tool=name, tool_ok=outcome.ok, tool_error=outcome.error,
-                        tool_cached=outcome.cached, tool_seconds=time.monotonic() - started)
+                        tool_cached=outcome.cached, tool_seconds=time.monotonic() - started,
+                        tool_fault=outcome.fault)
         return info, outcome.text
 
     def tools_spent(self) -> bool:

@@ -53,6 +53,7 @@ from rollout.engines.base import (
     SamplingParams,
 )
 from rollout.errors import describe_error
+from rollout.faults import VERDICT_KEY, FaultConfig, environment_verdict
 from rollout.store.base import StoreDataLostError
 from rollout.trajectory import Segment, StopReason, Trajectory, TrajectoryError, Turn
 
@@ -79,6 +80,7 @@ class EpisodeConfig:
     timeout_s: float = 3600.0  # wall clock of the whole episode, tool calls included
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)  # when the environment decided the result
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -182,6 +184,9 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
         if env is not None:
             await env.close()
         trajectory.wall_s = episode.wall_s() if episode is not None else time.monotonic() - started
+    verdict = environment_verdict(trajectory, config.faults)
+    if verdict is not None:
+        trajectory.metadata[VERDICT_KEY] = verdict
     return trajectory
 
 
@@ -311,7 +316,8 @@ class _Episode:
             arguments=dict(parsed.arguments) if parsed.kind is TurnKind.TOOL_CALL else None,
             format_ok=parsed.format_ok, format_errors=list(parsed.errors), answer=parsed.answer,
             observation_text=step.observation, forced_final=info.forced_final, tool_ok=info.tool_ok,
-            tool_error=info.tool_error, tool_cached=info.tool_cached,
+            tool_error=info.tool_error, tool_fault=None if info.fault is None else info.fault.value,
+            tool_cached=info.tool_cached,
             generate_s=self._generate_s, tool_s=info.tool_seconds,
         )
         self.trajectory.segments[-1].turns.append(turn)

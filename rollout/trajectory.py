@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from envs.protocol import StopReason
-from envs.tools.base import JsonObject, JsonValue
+from envs.tools.base import Fault, JsonObject, JsonValue
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -51,6 +51,7 @@ class Turn:
     forced_final: bool = False
     tool_ok: bool | None = None
     tool_error: str | None = None
+    tool_fault: str | None = None  # a failed call: "policy" or "environment" (envs.tools.base.Fault)
     tool_cached: bool = False
     generate_s: float = 0.0
     tool_s: float = 0.0
@@ -242,6 +243,7 @@ def _turn(record: object, where: str) -> Turn:
         forced_final=_get(obj, "forced_final", bool, where, default=False),
         tool_ok=_optional(obj, "tool_ok", bool, where),
         tool_error=_optional(obj, "tool_error", str, where),
+        tool_fault=_fault(obj, where),
         tool_cached=_get(obj, "tool_cached", bool, where, default=False),
         generate_s=_number(obj, "generate_s", where, default=0.0),
         tool_s=_number(obj, "tool_s", where, default=0.0),
@@ -305,6 +307,14 @@ def _finite(value: object, where: str) -> float:
 
 def _number(obj: dict[str, JsonValue], key: str, where: str, default: float) -> float:
     return _finite(obj[key], f"{where}.{key}") if key in obj else default
+
+
+def _fault(obj: dict[str, JsonValue], where: str) -> str | None:
+    value = _optional(obj, "tool_fault", str, where)
+    if value is not None and value not in set(Fault):
+        raise TrajectoryError(f"field '{where}.tool_fault': expected one of {', '.join(Fault)} or null, "
+                              f"got {value!r}")
+    return value
 
 
 def _optional_number(obj: dict[str, JsonValue], key: str, where: str) -> float | None:

@@ -25,7 +25,8 @@ from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
 from envs.synthetic.world import WorldConfig, generate_world
 from envs.tasks import Task
-from envs.tools.toolbox import Toolbox
+from envs.tools.cache import CacheConfig
+from envs.tools.toolbox import Toolbox, ToolboxConfig
 from rollout.chat import ChatFormat
 from rollout.context import ContextConfig, build_context_manager
 from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
@@ -252,6 +253,23 @@ async def test_engine_failure_keeps_the_partial_trajectory(chat: ChatFormat, tas
     assert len(trajectory.turns) == 3
     assert ("aborted" if abort else "ConnectionError: replica lost") in str(trajectory.metadata["error"])
     assert_token_invariant(trajectory, chat)
+
+
+async def test_an_outage_on_the_last_call_makes_the_result_the_environments(
+        chat: ChatFormat, tasks: list[Task], toolbox: Toolbox, expert: ScriptedEngine) -> None:
+    """Every call of a service that is down fails as the environment's; the expert gives up and
+    answers, and the episode says the environment decided it. The same episode with the service up
+    says nothing."""
+    down = Toolbox(list(toolbox.tools.values()), ToolboxConfig(max_attempts=1, inject_failure_rate=1.0,
+                                                               cache=CacheConfig(backend="none")))
+    trajectory = await episode(chain(tasks), expert, down, chat, sample=5)
+    calls = [turn for turn in trajectory.turns if turn.tool_ok is not None]
+    assert calls and all(turn.tool_fault == "environment" and turn.tool_error == "injected" for turn in calls)
+    assert trajectory.stop_reason is StopReason.ANSWERED
+    assert "the environment failed the last tool call" in str(trajectory.metadata["environment_fault"])
+    healthy = await episode(chain(tasks), expert, toolbox, chat, sample=6)
+    assert healthy.stop_reason is StopReason.ANSWERED and "environment_fault" not in healthy.metadata
+    assert all(turn.tool_fault is None for turn in healthy.turns)
 
 
 async def test_timeout_ends_the_episode(chat: ChatFormat, tasks: list[Task], toolbox: Toolbox) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from envs.search.base import SearchBackend, SearchHit
 from envs.search.serper import SerperConfig, SerperSearch
-from envs.tools.base import ToolError
+from envs.tools.base import Fault, ToolError
 from tests.loopback import QuietHandler, serve
 
 KEY_ENV = "TURNSTILE_TEST_SERPER_KEY"
@@ -112,6 +112,8 @@ async def test_http_status_errors(serper_url: str, api_key: str, status: int, re
     assert info.value.kind == "http_status"
     assert info.value.retryable is retryable
     assert str(status) in info.value.message
+    # the service's trouble (overload, failure, a refused key) is the environment's; a bad request the policy's
+    assert info.value.fault is (Fault.policy if status in (400, 404) else Fault.environment)
     await backend.aclose()
 
 

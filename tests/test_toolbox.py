@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from envs.tools.base import ToolError
+from envs.tools.base import Fault, ToolError
 from envs.tools.cache import CacheConfig, MemoryCache, RedisCache, build_cache, cache_key
 from envs.tools.toolbox import Toolbox, ToolboxConfig
 from tests.tools_for_tests import EchoTool, FlakyTool, SlowTool
@@ -75,6 +75,32 @@ async def test_injected_failures_hit_the_configured_share_of_calls() -> None:
     assert sum(not o.ok for o in final) < 60 and retrying.metrics.retries > 250
     with pytest.raises(ValueError, match="inject_failure_rate must be in"):
         Toolbox([EchoTool("search")], ToolboxConfig(inject_failure_rate=1.5))
+
+
+@pytest.mark.parametrize(("error", "fault"), [
+    (ToolError("timeout", "no result"), Fault.environment),
+    (ToolError("connect", "refused", retryable=True), Fault.environment),
+    (ToolError("http_status", "HTTP 503", retryable=True, fault=Fault.environment), Fault.environment),
+    (ToolError("http_status", "HTTP 404; check the URL"), Fault.policy),  # a made-up address
+    (ToolError("blocked", "private address"), Fault.policy),
+    (ToolError("dns", "cannot resolve host", retryable=True), Fault.policy),  # a made-up host
+    (KeyError("boom"), Fault.environment),  # a tool's bug is ours, not the policy's
+])
+async def test_every_failure_says_whose_doing_it_was(error: Exception, fault: Fault) -> None:
+    outcome = await Toolbox([FlakyTool("visit", failures=99, error=error)],
+                            ToolboxConfig(max_attempts=1, **FAST)).run("visit", {"text": "x"})
+    assert not outcome.ok and outcome.fault is fault
+
+
+async def test_the_policy_owns_unknown_tools_and_bad_arguments_the_environment_time_outs_and_injections() -> None:
+    box = Toolbox([EchoTool("search"), SlowTool("visit", seconds=5)],
+                  ToolboxConfig(timeout_s=0.05, max_attempts=1, **FAST))
+    assert (await box.run("browse", {})).fault is Fault.policy
+    assert (await box.run("search", {"text": 3})).fault is Fault.policy
+    assert (await box.run("visit", {"text": "x"})).fault is Fault.environment
+    assert (await box.run("search", {"text": "fine"})).fault is None  # no failure, no fault
+    injected = Toolbox([EchoTool("search")], ToolboxConfig(max_attempts=1, inject_failure_rate=1.0, **FAST))
+    assert (await injected.run("search", {"text": "x"})).fault is Fault.environment
 
 
 def test_duplicate_tool_names_rejected() -> None:

@@ -57,7 +57,7 @@ def test_a_step_trains_on_scored_fresh_turns_and_counts_the_rest() -> None:
              episode(4, [2])]
     fresh, left_out = trainable(batch, version=4, staleness=2)
     assert [t.sample for t in fresh] == [0, 4]
-    assert left_out == {"empty": 1, "unscored": 1, "stale": 1}
+    assert left_out == {"empty": 1, "unscored": 1, "stale": 1, "environment": 0}
 
 
 def test_bad_settings_are_named() -> None:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from envs.tools.base import ToolError
+from envs.tools.base import Fault, ToolError
 from envs.visit.fetch import FetchConfig, Fetcher
 from envs.visit.guard import GuardConfig, SsrfGuard
 from tests.loopback import QuietHandler, serve
@@ -232,6 +232,8 @@ async def test_http_status_errors(site: str, status: int, retryable: bool) -> No
     error = await fetch_error(fetcher_for(site), f"{site}/status/{status}")
     assert error.kind == "http_status" and error.retryable is retryable
     assert str(status) in error.message
+    # a refusal or a missing page is the address the policy chose; an overloaded or failing server is not
+    assert error.fault is (Fault.environment if status in (429, 500, 503) else Fault.policy)
 
 
 async def test_pdf_is_unsupported(site: str) -> None:

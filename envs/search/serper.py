@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httpx
 
 from envs.search.base import SearchHit
-from envs.tools.base import JsonValue, ToolError
+from envs.tools.base import Fault, JsonValue, ToolError
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,11 @@ async def post_json(client: httpx.AsyncClient, url: str, payload: Mapping[str, J
                         "check that it is running and reachable", retryable=True) from None
     status = response.status_code
     if status == 429 or status >= 500:
-        raise ToolError("http_status", f"{service} answered HTTP {status}; try again later", retryable=True)
+        raise ToolError("http_status", f"{service} answered HTTP {status}; try again later", retryable=True,
+                        fault=Fault.environment)
     if status in (401, 403):
-        raise ToolError("http_status", f"{service} refused the request (HTTP {status}): check the API key")
+        raise ToolError("http_status", f"{service} refused the request (HTTP {status}): check the API key",
+                        fault=Fault.environment)
     if status >= 400:
         raise ToolError("http_status", f"{service} rejected the request (HTTP {status}): "
                         f"{response.text[:200]}")

@@ -9,10 +9,29 @@ so each failure mode is handled once.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 JsonValue = str | int | float | bool | None | list["JsonValue"] | dict[str, "JsonValue"]
 JsonObject = dict[str, JsonValue]
+
+
+class Fault(StrEnum):
+    """Whose doing a failed tool call was."""
+
+    policy = "policy"  # the call itself: bad or missing arguments, a made-up or refused address, a spent budget
+    environment = "environment"  # the world: a time-out, a refused connection, HTTP 5xx or 429, a service down
+
+
+ENVIRONMENT_KINDS = frozenset({
+    "timeout", "connect", "network", "injected", "internal", "bad_response", "browser", "extractor",
+    "extractor_unavailable",
+})
+"""The error kinds that are the environment's by default: the same call may work another time, or
+the failure is in our tools or their services (a bug, a crash, a search API or extractor that is
+down or misconfigured). Every other kind is the policy's: its arguments, the address it chose (a
+404, a refused or unresolvable host, a page that cannot be read), its budget. A raise site that knows
+better says so (``fault=``): an HTTP 429 or 5xx is the environment's."""
 
 
 class ToolError(Exception):
@@ -20,17 +39,24 @@ class ToolError(Exception):
 
     ``kind`` is a short stable label for metrics ("timeout", "http_status", "blocked", "bad_arguments",
     ...). ``retryable`` says whether trying the same call again may help (network hiccups: yes;
-    a refused address or bad arguments: no).
+    a refused address or bad arguments: no). ``fault`` says whose doing it was (by default from the
+    kind: :data:`ENVIRONMENT_KINDS`).
     """
 
-    def __init__(self, kind: str, message: str, *, retryable: bool = False) -> None:
+    def __init__(self, kind: str, message: str, *, retryable: bool = False, fault: Fault | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.retryable = retryable
+        self.fault = fault if fault is not None else fault_of(kind)
 
     def __repr__(self) -> str:
-        return f"ToolError({self.kind!r}, {self.message!r}, retryable={self.retryable})"
+        return f"ToolError({self.kind!r}, {self.message!r}, retryable={self.retryable}, fault={self.fault.value})"
+
+
+def fault_of(kind: str) -> Fault:
+    """Whose doing an error of ``kind`` is, when its raise site does not say."""
+    return Fault.environment if kind in ENVIRONMENT_KINDS else Fault.policy
 
 
 @runtime_checkable

@@ -13,9 +13,9 @@ import random
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from envs.tools.base import JsonObject, Tool, ToolError
+from envs.tools.base import Fault, JsonObject, Tool, ToolError, fault_of
 from envs.tools.cache import CacheConfig, ToolCache, build_cache, cache_key
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class ToolOutcome:
     attempts: int = 0
     cached: bool = False
     seconds: float = 0.0
+    fault: Fault | None = None  # on failure, whose doing it was (ToolError.fault)
 
 
 @dataclass
@@ -96,8 +97,7 @@ class Toolbox:
         self.metrics.seconds += seconds
         if not outcome.ok:
             self.metrics.failures[f"{name}:{outcome.error}"] += 1
-        return ToolOutcome(outcome.tool, outcome.text, outcome.ok, outcome.error, outcome.attempts,
-                           outcome.cached, seconds)
+        return replace(outcome, seconds=seconds)
 
     async def _run(self, name: str, arguments: Mapping[str, object]) -> ToolOutcome:
         tool = self.tools.get(name)
@@ -109,7 +109,7 @@ class Toolbox:
             normalised = tool.normalize(arguments)
             key = cache_key(name, normalised)
         except ToolError as error:
-            return _failure(name, error.kind, error.message, 0)
+            return _failure(name, error.kind, error.message, 0, error.fault)
         except Exception as error:  # a tool bug must still not escape
             log.exception("tool %s: normalize raised", name)
             return _failure(name, "internal", f"the arguments could not be read ({error})", 0)
@@ -140,7 +140,7 @@ class Toolbox:
                 await self.cache.put(key, text)
                 return ToolOutcome(name, text, True, None, attempt)
             if not failure.retryable or attempt >= self.config.max_attempts:
-                return _failure(name, failure.kind, failure.message, attempt)
+                return _failure(name, failure.kind, failure.message, attempt, failure.fault)
             self.metrics.retries += 1
             await asyncio.sleep(self._backoff(attempt))
 
@@ -160,7 +160,7 @@ class Toolbox:
         await self.cache.aclose()
 
 
-def _failure(tool: str, kind: str, message: str, attempts: int) -> ToolOutcome:
+def _failure(tool: str, kind: str, message: str, attempts: int, fault: Fault | None = None) -> ToolOutcome:
     tries = f" after {attempts} attempts" if attempts > 1 else ""
     text = f"[{tool}] failed{tries} ({kind}): {message}"
-    return ToolOutcome(tool, text, False, kind, attempts)
+    return ToolOutcome(tool, text, False, kind, attempts, fault=fault if fault is not None else fault_of(kind))

@@ -24,7 +24,7 @@ from typing import Literal
 import httpcore
 import httpx
 
-from envs.tools.base import ToolError
+from envs.tools.base import Fault, ToolError
 from envs.visit.guard import SsrfGuard
 
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
@@ -199,7 +199,7 @@ def _check_status(response: httpx.Response, url: str) -> None:
         return
     if status == 429 or status >= 500:
         raise ToolError("http_status", f"{url} answered HTTP {status}; try again later",
-                        retryable=True)
+                        retryable=True, fault=Fault.environment)
     if 300 <= status < 400:
         raise ToolError("http_status", f"{url} answered HTTP {status} without a Location header")
     raise ToolError("http_status", f"{url} answered HTTP {status}; check the URL")
