@@ -164,8 +164,9 @@ RECIPES: dict[str, WarmStartRecipe] = {
     # wrong answer), so that it sometimes finishes a chain and most groups of its samples are all
     # wrong. A first build (800 tasks, half stopped early, 150 steps) answered 1.0% of 195 held-out
     # questions (2 of 78 two-hop, 0 of 117 three-hop): it stopped after one hop in 37% of episodes
-    # and, when it read the last page, miscopied the name at the longer contexts (about 1,500 tokens
-    # against the default's 900); hence fewer early stops and more data and steps.
+    # and, when it read the last page, miscopied the name at the longer contexts (median 2,678 tokens
+    # before the answer, against 1,622 for the default's one-hop questions); hence fewer early stops
+    # and more data and steps.
     MULTIHOP_MODEL: WarmStartRecipe(base=WARM_MODEL, tasks={**MULTIHOP_TASKS, "count": 5000}, limit=1600,
                                     early_fraction=0.25, max_turns=MULTIHOP_TURNS, context_budget=4096,
                                     induction_steps=0, steps=400, lr=5e-4, warmup_steps=10),
