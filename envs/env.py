@@ -23,6 +23,9 @@ over the toolbox's search and visit, with per-episode tool budgets.
 from __future__ import annotations
 
 import abc
+import contextlib
+import hashlib
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -39,11 +42,13 @@ from envs.protocol import (
     TurnKind,
     parse_turn,
     render_correction,
+    render_stall_warning,
     render_tool_response,
     system_prompt,
 )
 from envs.tasks import Task
 from envs.tools.base import Fault, JsonObject, fault_of
+from envs.tools.cache import cache_key
 from envs.tools.toolbox import Toolbox
 
 Message = dict[str, str]
@@ -59,6 +64,10 @@ class EnvConfig:
     expect_report: bool = False  # iter_research turns carry a <report>
     today: str = ""  # shown in the system prompt when set
     max_tool_call_chars: int = MAX_CALL_CHARS  # a longer tool call is a malformed turn, never parsed
+    # A stalled agent: after this many tool calls in a row that bring nothing new (the same tool and
+    # arguments as an earlier call, or a result already seen), the response carries a warning; after
+    # as many more, the episode ends ``stalled``. 0 = never.
+    stall_turns: int = 4
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -70,6 +79,8 @@ class EnvConfig:
             raise ValueError(f"per_tool_budget={bad}: budgets must be >= 0")
         if self.max_tool_call_chars < 64:
             raise ValueError(f"max_tool_call_chars={self.max_tool_call_chars} must be >= 64")
+        if self.stall_turns < 0:
+            raise ValueError(f"stall_turns={self.stall_turns} must be >= 0 (0 = never)")
 
 
 @dataclass(frozen=True)
@@ -188,6 +199,8 @@ class ProtocolEnv(Env):
         self._done = False
         self._final_next = False
         self._closed = False
+        self._seen: set[str] = set()  # digests of the calls made and the results read so far
+        self._stale = 0  # tool calls in a row that brought nothing new
 
     @abc.abstractmethod
     def tool_schemas(self) -> list[JsonObject]: ...
@@ -254,16 +267,35 @@ class ProtocolEnv(Env):
             info = StepInfo(turn, parsed)
             observation = render_correction(parsed.errors, self.tool_names())
         else:
-            info, observation = await self.call_tool(turn, parsed)
-            observation = render_tool_response(observation)
+            info, result = await self.call_tool(turn, parsed)
+            observation = render_tool_response(result + self._stall_note(parsed, result))
+            if self._stale >= 2 * self.config.stall_turns > 0:
+                self._done = True
+                return StepResult("", True, replace(info, end=StopReason.STALLED))
 
         if self.turn >= self.config.max_turns - 1 or self.tools_spent():
             self._final_next = True
             return StepResult(FINAL_ANSWER_INSTRUCTION, False, replace(info, forced_final=True))
         return StepResult(observation, False, info)
 
+    def call_key(self, parsed: ParsedTurn) -> str:
+        """What makes two calls the same call: the tool and its arguments (a subclass may
+        normalise them as its tools do)."""
+        return json.dumps([parsed.tool, parsed.arguments], sort_keys=True, ensure_ascii=False)
+
+    def _stall_note(self, parsed: ParsedTurn, result: str) -> str:
+        """Count a call that brings nothing new (a call made before, or a result read before); the
+        warning to add to its response when the count reaches ``stall_turns``, else ""."""
+        if not self.config.stall_turns:
+            return ""
+        made, read = _digest("call", self.call_key(parsed)), _digest("result", result)
+        self._stale = 0 if made not in self._seen and read not in self._seen else self._stale + 1
+        self._seen |= {made, read}
+        return render_stall_warning(self._stale) if self._stale == self.config.stall_turns else ""
+
     def snapshot(self) -> dict[str, object]:
-        return {"turn": self.turn, "final_next": self._final_next, **self.tool_state()}
+        return {"turn": self.turn, "final_next": self._final_next, "stale": self._stale,
+                "seen": sorted(self._seen), **self.tool_state()}
 
     def restore(self, state: dict[str, object]) -> None:
         if not self._started or self.turn:
@@ -271,9 +303,13 @@ class ProtocolEnv(Env):
         turn = state.get("turn")
         if not isinstance(turn, int) or isinstance(turn, bool) or turn < 0:
             raise ValueError(f"not an environment snapshot: {state!r}")
+        stale, seen = state.get("stale", 0), state.get("seen", [])
+        if not isinstance(stale, int) or not isinstance(seen, list) or not all(isinstance(d, str) for d in seen):
+            raise ValueError(f"not an environment snapshot: {state!r}")
         self.restore_tools(state)
         self.turn = turn
         self._final_next = bool(state.get("final_next", False))
+        self._stale, self._seen = stale, set(seen)
 
     def _finish(self, turn: int, parsed: ParsedTurn, end: StopReason) -> StepResult:
         self._done = True
@@ -281,6 +317,10 @@ class ProtocolEnv(Env):
 
     async def close(self) -> None:
         self._closed = True
+
+
+def _digest(kind: str, text: str) -> str:
+    return hashlib.sha256(f"{kind}\0{text}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 @register_env("search_browse")
@@ -319,6 +359,15 @@ class SearchBrowseEnv(ProtocolEnv):
 
     def tools_spent(self) -> bool:
         return sum(self.tool_calls.values()) >= self.tool_budget
+
+    def call_key(self, parsed: ParsedTurn) -> str:
+        """The toolbox's cache key: the arguments as the tool normalises them (a query list of one
+        string is the string), so a rephrased-but-equal call is the same call."""
+        tool = self.toolbox.tools.get(parsed.tool or "")
+        if tool is not None:
+            with contextlib.suppress(Exception):  # arguments the tool refuses: compared as written
+                return cache_key(tool.name, tool.normalize(parsed.arguments))
+        return super().call_key(parsed)
 
     def tool_state(self) -> dict[str, object]:
         return {"tool_calls": dict(self.tool_calls)}

@@ -57,6 +57,7 @@ class StopReason(enum.Enum):
     MAX_TOKENS = "max_tokens"  # a turn hit max_new_tokens on the forced-answer turn
     ENGINE_ERROR = "engine_error"  # the policy engine failed; the episode is incomplete
     TIMEOUT = "timeout"  # the episode's wall-clock limit passed
+    STALLED = "stalled"  # its calls brought nothing new for too long, a warning included (env.stall_turns)
     ERROR = "error"  # anything else failed (metadata["error"] says what); the episode is incomplete
 
 
@@ -287,6 +288,13 @@ def render_correction(errors: Sequence[str], tool_names: Sequence[str]) -> str:
         f"followed by exactly one <tool_call>\n{{\"name\": TOOL, \"arguments\": {{...}}}}\n</tool_call> "
         f"(tools: {tools}) or by <answer>your final answer</answer>."
     )
+
+
+def render_stall_warning(turns: int) -> str:
+    """The note added to a tool response after ``turns`` calls in a row brought nothing new."""
+    return (f"\n[note] Your last {turns} tool calls brought nothing new (a call made before, or a result "
+            f"already seen). Try another query or page, or answer. If the next {turns} calls bring "
+            f"nothing new either, the episode ends without an answer.")
 
 
 def render_tool_call(name: str, arguments: JsonObject, think: str, report: str | None = None) -> str:

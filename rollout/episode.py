@@ -354,8 +354,9 @@ class _Episode:
     def _finish(self, step: StepResult, generation: Generation) -> None:
         end = step.info.end
         self.trajectory.answer = step.info.answer
-        if end is StopReason.ANSWERED:
-            reason = StopReason.ANSWERED
+        reason: StopReason
+        if end is StopReason.ANSWERED or end is StopReason.STALLED:
+            reason = end
         elif generation.finish_reason == FINISH_LENGTH:
             reason = StopReason.MAX_TOKENS  # the last turn was cut before it could answer
         elif end is StopReason.MALFORMED_ANSWER:

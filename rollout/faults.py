@@ -6,7 +6,8 @@ environment's (a time-out, a refused connection, HTTP 5xx or 429, a search API, 
 browser that failed, our own bug). An episode's *result* is the environment's when the environment
 decided it: an environment failure on its last tool calls (``final_calls``: the answer that
 followed was given without what the call should have returned), on more than ``max_share`` of its
-tool calls, or an episode the engine or the loop could not finish (``engine_error``, ``error``).
+tool calls, or an episode the engine, the loop or the wall clock ended (``engine_error``,
+``error``, ``timeout``).
 :func:`environment_verdict` says why, and the episode loop writes it into the trajectory's
 ``metadata["environment_fault"]``; the trainer leaves such episodes out of the loss and out of their
 group's statistics (``TrainJob.environment_faults``), so that an outage is never trained as a wrong
@@ -22,6 +23,9 @@ from envs.tools.base import Fault
 from rollout.trajectory import Trajectory
 
 VERDICT_KEY = "environment_fault"  # the trajectory's metadata key that holds the verdict
+# Episodes the engine, the loop or the wall clock ended before the policy did (``timeout``: an
+# engine or a tool that did not answer in time, ``episode.timeout_s``)
+UNFINISHED = (StopReason.ENGINE_ERROR, StopReason.ERROR, StopReason.TIMEOUT)
 
 
 @dataclass
@@ -39,7 +43,7 @@ class FaultConfig:
 
 def environment_verdict(trajectory: Trajectory, config: FaultConfig) -> str | None:
     """Why the environment decided ``trajectory``'s result, or None when the policy did."""
-    if trajectory.stop_reason in (StopReason.ENGINE_ERROR, StopReason.ERROR):
+    if trajectory.stop_reason in UNFINISHED:
         return f"the episode ended with {trajectory.stop_reason.value}"
     calls = [turn for turn in trajectory.turns if turn.tool_ok is not None]
     failed = [turn for turn in calls if turn.tool_fault == Fault.environment]

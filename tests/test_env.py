@@ -208,3 +208,37 @@ def test_tool_call_size_limit_is_a_setting() -> None:
     assert "at most 64" in asyncio.run(episode())
     with pytest.raises(ValueError, match="max_tool_call_chars=10 must be >= 64"):
         EnvConfig(max_tool_call_chars=10)
+
+
+async def test_an_agent_that_repeats_itself_is_warned_then_stopped() -> None:
+    """stall_turns=2: the repeats of a call count (" hi " is "hi" once normalised), a new call resets
+    the count; the second repeat in a row gets the warning, the fourth ends the episode stalled."""
+    env = make_env(EnvConfig(stall_turns=2))
+    await env.reset()
+    assert "[note]" not in (await env.step(call("search", "hi"))).observation
+    assert "[note]" not in (await env.step(call("search", " hi "))).observation  # 1 stale
+    assert "[note]" not in (await env.step(call("search", "new"))).observation  # something new: 0
+    assert "[note]" not in (await env.step(call("search", "hi"))).observation  # 1
+    warned = await env.step(call("search", "new"))  # 2: warned
+    assert not warned.done and "Your last 2 tool calls brought nothing new" in warned.observation
+    assert warned.observation.endswith("</tool_response>")  # the warning is inside the response
+    assert not (await env.step(call("search", "hi"))).done  # 3
+    stalled = await env.step(call("search", "hi"))  # 4 = 2 x stall_turns
+    assert stalled.done and stalled.info.end is StopReason.STALLED and stalled.observation == ""
+
+
+async def test_a_result_already_seen_is_nothing_new_and_the_count_survives_a_checkpoint() -> None:
+    env = make_env(EnvConfig(stall_turns=2), tools=[EchoTool("search"), EchoTool("visit")])
+    await env.reset()
+    await env.step(call("search", "x"))
+    await env.step(call("visit", "x"))  # another call, the same text back: 1 stale
+    snapshot = env.snapshot()
+    resumed = make_env(EnvConfig(stall_turns=2))
+    await resumed.reset()
+    resumed.restore(snapshot)
+    assert "[note]" in (await resumed.step(call("search", "x"))).observation  # 2, counted across the restore
+    off = make_env(EnvConfig(stall_turns=0, max_turns=50))
+    await off.reset()
+    assert not any([(await off.step(call())).done for _ in range(20)])  # 0: never
+    with pytest.raises(ValueError, match="stall_turns"):
+        EnvConfig(stall_turns=-1)

@@ -34,6 +34,7 @@ from rollout.engines.scripted import ScriptedEngine
 from rollout.episode import EpisodeConfig, run_episode
 from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
 from tests.conftest import WORLD_BASE
+from tests.tools_for_tests import SlowTool
 
 BASE = WORLD_BASE
 
@@ -119,7 +120,8 @@ def smallest_aggregate(tasks: list[Task]) -> Task:
 
 async def episode(task: Task, engine: object, toolbox: Toolbox, chat: ChatFormat, *,
                   kind: str = "mono", sample: int = 0, **limits: object) -> Trajectory:
-    env = EnvConfig(max_turns=int(limits.pop("max_turns", 200)))  # type: ignore[call-overload]
+    env = EnvConfig(max_turns=int(limits.pop("max_turns", 200)),  # type: ignore[call-overload]
+                    stall_turns=int(limits.pop("stall_turns", 4)))  # type: ignore[call-overload]
     settings = {"context_budget": 262144, "max_new_tokens": 1024, **limits}
     config = EpisodeConfig(env=env, **settings)  # type: ignore[arg-type]
     return await run_episode(task, task.id, sample, engine, toolbox, chat,  # type: ignore[arg-type]
@@ -228,7 +230,7 @@ async def test_context_overflow_forces_the_answer(chat: ChatFormat, tasks: list[
     assert FINAL_ANSWER_INSTRUCTION in chat.decode(forced.observation_ids)
     assert_token_invariant(trajectory, chat)
     stubborn = await episode(chain(tasks), Stubborn(chat), toolbox, chat, context_budget=6000,
-                             max_new_tokens=512)
+                             max_new_tokens=512, stall_turns=0)  # its repeats would end it first
     assert stubborn.stop_reason is StopReason.CONTEXT_OVERFLOW and stubborn.answer is None
 
 
@@ -253,6 +255,28 @@ async def test_engine_failure_keeps_the_partial_trajectory(chat: ChatFormat, tas
     assert len(trajectory.turns) == 3
     assert ("aborted" if abort else "ConnectionError: replica lost") in str(trajectory.metadata["error"])
     assert_token_invariant(trajectory, chat)
+
+
+async def test_a_looping_policy_is_warned_then_ends_stalled(chat: ChatFormat, tasks: list[Task],
+                                                            toolbox: Toolbox) -> None:
+    """The same search every turn: the first is new, the third repeat in a row gets the warning in
+    its response, the sixth ends the episode (stall_turns=3), long before max_turns."""
+    trajectory = await episode(chain(tasks), Stubborn(chat), toolbox, chat, max_turns=50, stall_turns=3)
+    assert trajectory.stop_reason is StopReason.STALLED and len(trajectory.turns) == 7
+    warned = [turn.index for turn in trajectory.turns if "brought nothing new" in turn.observation_text]
+    assert warned == [3]
+    assert "brought nothing new" in chat.decode(trajectory.turns[3].observation_ids)  # the policy reads it
+    assert trajectory.answer is None and "environment_fault" not in trajectory.metadata  # its own doing
+    assert_token_invariant(trajectory, chat)
+
+
+async def test_a_tool_that_never_returns_ends_the_episode_at_its_deadline(
+        chat: ChatFormat, tasks: list[Task], expert: ScriptedEngine) -> None:
+    hanging = Toolbox([SlowTool("search", seconds=3600), SlowTool("visit", seconds=3600)],
+                      ToolboxConfig(timeout_s=3600, max_attempts=1))
+    trajectory = await episode(chain(tasks), expert, hanging, chat, sample=7, timeout_s=0.5)
+    assert trajectory.stop_reason is StopReason.TIMEOUT and trajectory.wall_s < 5
+    assert "timeout" in str(trajectory.metadata["environment_fault"])  # never trained as a wrong answer
 
 
 async def test_an_outage_on_the_last_call_makes_the_result_the_environments(

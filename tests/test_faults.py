@@ -49,7 +49,8 @@ def test_the_settings_move_the_line_and_an_unfinished_episode_is_the_environment
     assert "a last tool call (turn 1" in str(environment_verdict(late, FaultConfig(final_calls=2)))
     assert environment_verdict(episode([ENV, None, None, None]), FaultConfig(final_calls=0, max_share=0.2))
     assert environment_verdict(episode([ENV, ENV, ENV]), FaultConfig(final_calls=0, max_share=1.0)) is None
-    for stop in (StopReason.ENGINE_ERROR, StopReason.ERROR):
+    assert environment_verdict(episode([None], stop=StopReason.STALLED), FaultConfig()) is None  # its own loop
+    for stop in (StopReason.ENGINE_ERROR, StopReason.ERROR, StopReason.TIMEOUT):
         assert stop.value in str(environment_verdict(episode([], stop=stop), FaultConfig()))
     with pytest.raises(ValueError, match="final_calls"):
         FaultConfig(final_calls=-1)
