@@ -44,7 +44,7 @@ STEP_FILE = re.compile(r"step(\d+)\.jsonl")
 # and log-probs would only make the page larger.
 TURN_FIELDS = ("index", "segment", "action", "tool", "arguments", "format_ok", "format_errors", "answer",
                "response_text", "observation_text", "ig_value", "ig", "reward", "step_score", "events",
-               "advantage", "weights_version", "finish_reason", "forced_final", "tool_ok", "tool_error",
+               "advantage", "weights_version", "finish_reason", "forced_final", "tool_ok", "tool_error", "tool_fault",
                "tool_cached", "context_len", "response_tokens", "observation_tokens", "generate_s", "tool_s",
                "extras")
 _SCHEMA_TURN_FIELDS = frozenset(f.name for f in fields(Turn))
