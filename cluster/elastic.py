@@ -162,12 +162,25 @@ class ElasticFleet:
     # -- publishing ------------------------------------------------------------------------------
     async def publish(self, weights: Mapping[str, torch.Tensor], version: int, *, mode: str,
                       checkpoint_dir: str | None) -> int:
-        """``weights`` to every serving replica (:func:`learner.publish.publish`); a replica starting
-        meanwhile catches up to this version before it serves."""
+        """``weights`` to every serving replica (:func:`learner.publish.publish`), each within
+        ``publish_timeout_s``; a replica starting meanwhile catches up to this version before it
+        serves. A replica that does not serve the new version in time (or whose update raises)
+        leaves every router and is replaced, and the replacement catches up before it serves; a
+        publish that no replica completes raises :class:`~learner.publish.PublishError`."""
         with self._lock:
             # The router keeps what it sent (the object-store copy, or nothing: load the
             # directory) for the replicas that join later.
-            return await publish(self.router, weights, version, mode=mode, checkpoint_dir=checkpoint_dir)
+            done = await publish(self.router, weights, version, mode=mode, checkpoint_dir=checkpoint_dir,
+                                 timeout_s=self.config.publish_timeout_s)
+            for replica_id, why in sorted(done.behind.items()):
+                replica = self._replicas.pop(replica_id, None)
+                if replica is not None:
+                    with contextlib.suppress(Exception):  # it may be gone already
+                        ray.kill(replica.handle, no_restart=True)
+                    self._event("replace", f"engine-{replica_id}", why)
+            if done.behind:
+                self._push_membership()
+            return done.version
 
     # -- what the fleet looks like -----------------------------------------------------------------
     def view(self) -> FleetView:

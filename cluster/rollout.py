@@ -63,6 +63,9 @@ class FleetConfig:
     worker_restarts: int = 2
     max_episode_attempts: int = 2
     checkpoint_every: int = 4  # turns between checkpoints of a running episode in the store (train)
+    # Each replica's weight update (train): one that does not serve the new version within this is
+    # replaced; a publish no replica completes stops the run
+    publish_timeout_s: float = 300.0
     autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)  # off: the sizes above, healed
 
     def __post_init__(self) -> None:
@@ -72,6 +75,8 @@ class FleetConfig:
         for name in ("engine_cpus", "engine_gpus", "worker_cpus", "worker_restarts", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if not self.publish_timeout_s > 0:
+            raise ValueError(f"publish_timeout_s={self.publish_timeout_s} must be > 0")
 
 
 @dataclass

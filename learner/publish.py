@@ -15,21 +15,27 @@ Two ways, chosen by the engines' ``weight_sync`` setting (``engine.vllm.weight_s
   engine for large models where the disk round trip dominates; it is untested here (no GPU).
 
 Either way the engines report the version they serve (``weights_version()``), and every turn a
-rollout generates records the version that produced it.
+rollout generates records the version that produced it. Every replica's update has a time-out
+(``rollout.fleet.publish_timeout_s``): a replica that does not serve the new version in time, or
+whose update raises, is left behind (:class:`Published`), and the fleet replaces it
+(:meth:`cluster.elastic.ElasticFleet.publish`); a publish no replica completes raises.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from rollout.engines.base import PolicyEngine
+from rollout.fleet import EngineRouter
 from rollout.model_store import BUILD_INFO, kept_versions
 
 MODES = ("inplace", "checkpoint")
@@ -39,11 +45,24 @@ class PublishError(RuntimeError):
     """Publishing failed; the engines keep serving the previous version."""
 
 
-async def publish(engine: PolicyEngine, weights: Mapping[str, torch.Tensor], version: int, *,
-                  mode: str = "inplace", checkpoint_dir: str | Path | None = None) -> int:
+@dataclass(frozen=True)
+class Published:
+    """What a publish did: the version the engines serve, and the replicas it left behind (id ->
+    why), which the fleet replaces."""
+
+    version: int
+    behind: Mapping[int, str] = field(default_factory=dict)
+
+
+async def publish(engine: PolicyEngine | EngineRouter, weights: Mapping[str, torch.Tensor], version: int, *,
+                  mode: str = "inplace", checkpoint_dir: str | Path | None = None,
+                  timeout_s: float | None = None) -> Published:
     """Make ``engine`` (one engine or an :class:`~rollout.fleet.EngineRouter`) serve ``weights``.
 
-    Returns the version the engines report afterwards, which must be ``version``.
+    Each replica's update has ``timeout_s`` (None: no limit). A router's replica that does not serve
+    the new version in time, or whose update raises, is left behind (and leaves the router); a
+    publish that no replica completes, or one engine's that does not, raises :class:`PublishError`:
+    never a hang.
     """
     if mode not in MODES:
         raise PublishError(f"unknown publish mode {mode!r}: use one of {', '.join(MODES)}")
@@ -52,13 +71,21 @@ async def publish(engine: PolicyEngine, weights: Mapping[str, torch.Tensor], ver
             raise PublishError("publishing through a checkpoint needs engine.vllm.checkpoint_dir: a "
                                "directory every engine node can read")
         write_checkpoint(weights, checkpoint_dir)
-        await engine.update_weights(version, {})
-    else:
-        await engine.update_weights(version, weights)
-    served = await engine.weights_version()
+        weights = {}
+    behind: Mapping[int, str] = {}
+    try:
+        if isinstance(engine, EngineRouter):
+            behind = await engine.update_replicas(version, weights, timeout_s)
+        else:
+            await asyncio.wait_for(engine.update_weights(version, weights), timeout_s)
+        served = await asyncio.wait_for(engine.weights_version(), timeout_s)
+    except TimeoutError:
+        raise PublishError(f"the engine did not take version {version} within {timeout_s:g} s") from None
+    except RuntimeError as error:
+        raise PublishError(str(error)) from None
     if served != version:
         raise PublishError(f"the engines serve version {served} after publishing version {version}")
-    return served
+    return Published(served, behind)
 
 
 def write_checkpoint(weights: Mapping[str, torch.Tensor], directory: str | Path) -> Path:

@@ -26,6 +26,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from rollout.engines.base import Generation, SamplingParams
 from rollout.engines.config import EngineConfig
 from rollout.engines.registry import build_engine
+from rollout.errors import describe_error
 
 log = logging.getLogger(__name__)
 _DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
@@ -190,10 +191,46 @@ class EngineRouter:
         return await self._replicas[index].score.remote([list(s) for s in sequences], list(spans))
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Every live replica serves ``version``, or this raises naming the ones that do not."""
+        behind = await self.update_replicas(version, weights, timeout_s=None)
+        if behind:
+            raise RuntimeError("; ".join(f"engine replica {i}: {why}" for i, why in sorted(behind.items())))
+
+    async def update_replicas(self, version: int, weights: Mapping[str, torch.Tensor],
+                              timeout_s: float | None) -> dict[int, str]:
+        """Load ``weights`` as ``version`` into every live replica at once, each within ``timeout_s``
+        (None: no limit). Returns the replicas left behind (id -> why: the update timed out or
+        raised, or the replica then served another version), which leave this router; whoever runs
+        the fleet replaces them. Replicas found dead are skipped, as everywhere."""
         # One object-store copy shared by every replica, kept for replicas that join later.
         ref = ray.put(dict(weights))
         self.published = (version, ref)
-        await self._on_each_live(lambda replica: replica.update_weights.remote(version, ref))
+        live = [i for i in self._replicas if i not in self._dead]
+
+        async def update(index: int) -> int:
+            replica = self._replicas[index]
+            await asyncio.wait_for(replica.update_weights.remote(version, ref), timeout_s)
+            return int(await asyncio.wait_for(replica.weights_version.remote(), timeout_s))
+
+        results = await asyncio.gather(*(update(i) for i in live), return_exceptions=True)
+        behind: dict[int, str] = {}
+        for index, result in zip(live, results, strict=True):
+            if isinstance(result, _DEAD):
+                self._dead.add(index)
+                log.warning("engine replica %d died; the other replicas carry on", index)
+            elif isinstance(result, TimeoutError):
+                behind[index] = f"did not take version {version} within {timeout_s:g} s"
+            elif isinstance(result, BaseException):
+                behind[index] = f"failed to take version {version}: {describe_error(result)}"
+            elif result != version:
+                behind[index] = f"serves version {result} after loading version {version}"
+        if behind:
+            self._dead.update(behind)
+            log.warning("engine replicas left behind at version %d: %s", version, behind)
+        if not [i for i in live if i not in self._dead]:
+            reasons = "; ".join(f"engine replica {i}: {why}" for i, why in sorted(behind.items()))
+            raise RuntimeError(f"no engine replica serves version {version}" + (f" ({reasons})" if reasons else ""))
+        return behind
 
     async def weights_version(self) -> int:
         versions: list[int] = await self._on_each_live(lambda replica: replica.weights_version.remote())

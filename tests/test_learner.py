@@ -210,8 +210,8 @@ async def test_rl_step_on_scored_trajectories_then_publish_to_vllm(
     span = (len(segment.prompt_ids), len(ids))
     before = (await vllm_engine.score([ids], [span]))[0]
     weights = learner.full_weights()
-    served = await publish(vllm_engine, weights, version=1)
-    assert served == 1 and await vllm_engine.weights_version() == 1
+    done = await publish(vllm_engine, weights, version=1)
+    assert done.version == 1 and not done.behind and await vllm_engine.weights_version() == 1
     after = (await vllm_engine.score([ids], [span]))[0]
     assert max(abs(x - y) for x, y in zip(before, after, strict=True)) > 1e-3
     # The engine now computes what the learner computes on the same tokens.

@@ -4,11 +4,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, ClassVar
 
 from cluster.autoscale import FleetView, Want
 from envs.datasets.registry import DatasetConfig
@@ -25,6 +26,9 @@ from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
 from rollout.engines.config import EngineConfig
 from rollout.engines.scripted import ScriptedEngine, last_user_message
 from rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -232,3 +236,33 @@ class GrowThenShrink:
         if self.grown_at is not None and view.finished >= self.grown_at + self.options.more_episodes:
             return Want(1, 1, f"{self.options.more_episodes} episodes done at the larger size")
         return Want(2, 2, "grow first")
+
+
+@dataclass
+class StuckUpdateOptions:
+    stuck: str = "hang"  # hang | raise
+    replicas: list[int] = field(default_factory=lambda: [0])  # the replicas (engine-<id>) whose update fails
+
+
+class StuckUpdateExpert(ScriptedEngine):
+    """The scripted expert, except that the weight update of the replicas ``engine.options.replicas``
+    names never returns (``stuck: hang``) or raises (``stuck: raise``): the weight-sync watchdog's drill."""
+
+    stuck: StuckUpdateOptions
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> StuckUpdateExpert:
+        engine = super().from_config(replace(config, options={}))
+        engine.__class__ = cls
+        engine.stuck = typed_options(StuckUpdateOptions, config.options, "engine 'StuckUpdateExpert'")  # type: ignore[attr-defined]
+        return engine  # type: ignore[return-value]
+
+    async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        import ray
+
+        name = ray.get_runtime_context().get_actor_name() or ""
+        if any(name.endswith(f"-engine-{replica}") for replica in self.stuck.replicas):
+            if self.stuck.stuck == "hang":
+                await asyncio.sleep(3600)
+            raise RuntimeError("the new weights could not be loaded (the test engine's drill)")
+        await super().update_weights(version, weights)

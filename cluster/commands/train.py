@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from cluster.rollout import init_ray
     from cluster.train import TrainJob, check, learning_line, resume_hint, run_train, where_outputs_are
     from envs.corpus_server import CorpusServerError
+    from learner.publish import PublishError
     from rewards.service import RewardServiceError
     from rollout.errors import describe_error
     from rollout.fleet import EngineStartError
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             NoWorkersLeft, EngineStartError) as error:  # each says what to do
         print(f"turnstile train: {error}")
         return 1
-    except RayError as error:  # a worker of ours died (the node ran out of memory, say)
+    except (RayError, PublishError) as error:  # a worker of ours died (out of memory, say); no replica took the weights
         print(f"turnstile train: {describe_error(error)}; {resume_hint(Path(job.out))}")
         return 1
     print(f"done: {state.step} steps, weights version {state.weights_version}")
