@@ -213,7 +213,7 @@ async def held_episodes(chat: ChatFormat, documents: Sequence[Document], episode
     """Per-episode memory of ``episodes`` episodes held at the start of turn ``turns``; returns the
     figures and the finished trajectories."""
     toolbox = Toolbox([WorldPages(documents, page_chars)], ToolboxConfig(cache=CacheConfig(backend="none")))
-    config = EpisodeConfig(max_new_tokens=256, context_budget=1 << 24, env=EnvConfig(max_turns=turns))
+    config = EpisodeConfig(max_new_tokens=256, context_budget=1 << 24, env=EnvConfig(max_turns=turns, stall_turns=0))
     task = Task(id="held", question="Who designed the harbour of the city?", answers=("Ada",))
 
     def episode(engine: HoldingEngine, uid: str, sample: int,

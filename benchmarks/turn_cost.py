@@ -60,11 +60,15 @@ class InstantSearch:
 
 
 class InstantEngine:
-    """Writes the same well-formed search call every turn, instantly, and stamps each request."""
+    """Writes a well-formed search call every turn, instantly (its ids made once, a new query each
+    turn of an episode, so the environment's stall detection sees progress), and stamps each request."""
+
+    TURNS = 256  # calls prepared; an episode's turn n writes call n
 
     def __init__(self, chat: ChatFormat) -> None:
-        text = render_tool_call("search", {"query": ["Varny Bridge engineer"]}, "Keep searching.")
-        self.ids = (*chat.encode(text), chat.turn_end_id)
+        self.calls = [(*chat.encode(render_tool_call("search", {"query": [f"Varny Bridge engineer {n}"]},
+                                                     "Keep searching.")), chat.turn_end_id)
+                      for n in range(self.TURNS)]
         self.arrived: dict[str, list[float]] = defaultdict(list)
         self.returned: dict[str, list[float]] = defaultdict(list)
 
@@ -72,7 +76,8 @@ class InstantEngine:
                        affinity: str | None = None) -> Generation:
         key = affinity or ""
         self.arrived[key].append(time.perf_counter())
-        generation = Generation(self.ids, (0.0,) * len(self.ids), FINISH_STOP, 0)
+        ids = self.calls[(len(self.arrived[key]) - 1) % self.TURNS]
+        generation = Generation(ids, (0.0,) * len(ids), FINISH_STOP, 0)
         self.returned[key].append(time.perf_counter())
         return generation
 

@@ -104,7 +104,7 @@ async def run(chat: ChatFormat, context: ContextConfig, budget: int, max_turns: 
     toolbox = Toolbox([PageTool("search"), PageTool("visit")])
     manager = build_context_manager(context)
     config = EpisodeConfig(max_new_tokens=256, context_budget=budget,
-                           env=EnvConfig(max_turns=max_turns))
+                           env=EnvConfig(max_turns=max_turns, stall_turns=0))  # it repeats on purpose
     return await run_episode(Task("t1", QUESTION, ("Fegrel",)), "g", 0,
                              SearchingPolicy(chat, manager.expect_report), toolbox, chat, manager,
                              config)
