@@ -197,3 +197,10 @@ def test_tool_failures_at_30_percent_every_episode_completes(ray_local: None, re
     assert all(0.0 <= m["rollout/tool_error_rate"] <= 1.0 for m in history)
     assert any(m["rollout/tool_error_rate"] > 0.0 for m in history)
     assert "tool failures" in capsys.readouterr().out
+    # Injected failures are the environment's: an episode whose last call failed so was decided by
+    # the environment; it is counted, kept in the scored file, and never credited or trained.
+    assert all(turn.tool_fault == "environment" for turn in failed)
+    decided = [t for t in samples if "environment_fault" in t.metadata]
+    assert sum(m["rollout/environment_decided"] for m in history) == len(decided)
+    assert sum(m["rollout/environment_left_out"] for m in history) == len(decided)
+    assert all(turn.advantage is None for t in decided for turn in t.turns)
