@@ -276,7 +276,9 @@ class ElasticFleet:
         published = self.router.published
         if published is not None and served != published[0]:
             version, weights = published
-            ray.get(replica.handle.update_weights.remote(version, weights), timeout=_CALL_TIMEOUT_S * 4)
+            # as long as a publish may take (a slow engine's update must not fail every replacement)
+            ray.get(replica.handle.update_weights.remote(version, weights),
+                    timeout=max(_CALL_TIMEOUT_S * 4, self.config.publish_timeout_s))
             served = ray.get(replica.handle.weights_version.remote(), timeout=_CALL_TIMEOUT_S)
             if served != version:
                 raise RuntimeError(f"engine-{replica_id} serves version {served} after loading {version}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, Self
 
 from envs.tools.base import Fault
+from learner.credit.normalize import all_equal
 from rollout.faults import VERDICT_KEY
 from rollout.summary import is_correct
 from rollout.trajectory import StopReason, Trajectory
@@ -160,8 +161,9 @@ def step_metrics(trajectories: Sequence[Trajectory], *, wall_s: float,
 
 def group_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Over the step's groups of two or more scored samples (same ``uid``): the share whose
-    outcomes are all equal (``reward/uniform_groups``: an outcome-only estimator has no signal there)
-    and the share with no correct sample (``reward/all_wrong_groups``)."""
+    outcomes are all equal, as the estimators' normalisation sees it (``reward/uniform_groups``: an
+    outcome-only estimator has no signal there), and the share with no correct sample
+    (``reward/all_wrong_groups``)."""
     groups: dict[str, list[Trajectory]] = {}
     for trajectory in trajectories:
         if trajectory.outcome is not None:
@@ -169,7 +171,7 @@ def group_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     sized = [group for group in groups.values() if len(group) >= 2]
     if not sized:
         return {}
-    return {"reward/uniform_groups": _share(len({t.outcome for t in group}) == 1 for group in sized),
+    return {"reward/uniform_groups": _share(all_equal([float(t.outcome or 0.0) for t in group]) for group in sized),
             "reward/all_wrong_groups": _share(not any(is_correct(t) for t in group) for group in sized)}
 
 

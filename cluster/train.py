@@ -184,7 +184,8 @@ def trainable(trajectories: Sequence[Trajectory], version: int, staleness: int,
               environment_faults: str = "mask") -> tuple[list[Trajectory], dict[str, int]]:
     """The samples a step trains on, and how many of each kind it leaves out:
 
-    - ``empty``: no turn (the engine failed before the first one; nothing to learn from);
+    - ``empty``: no turn (the engine failed before the first one; nothing to learn from; counted
+      under ``environment`` instead when it is left out for that);
     - ``unscored``: no outcome (the reward service gave up on it after its last delivery,
       ``metadata["reward_error"]``; its group trains on the others);
     - ``stale``: its oldest turn is more than ``staleness`` versions behind ``version`` (only the
@@ -199,10 +200,10 @@ def trainable(trajectories: Sequence[Trajectory], version: int, staleness: int,
     left_out = {"empty": 0, "unscored": 0, "stale": 0, "environment": 0}
     fresh = []
     for trajectory in trajectories:
-        if not trajectory.turns:
-            left_out["empty"] += 1
-        elif (environment_faults == "mask" and VERDICT_KEY in trajectory.metadata) or trajectory.uid in faulted:
+        if (environment_faults == "mask" and VERDICT_KEY in trajectory.metadata) or trajectory.uid in faulted:
             left_out["environment"] += 1
+        elif not trajectory.turns:
+            left_out["empty"] += 1
         elif trajectory.outcome is None:
             left_out["unscored"] += 1
         elif too_stale(min(turn.weights_version for turn in trajectory.turns), version, staleness):

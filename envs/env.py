@@ -268,7 +268,7 @@ class ProtocolEnv(Env):
             observation = render_correction(parsed.errors, self.tool_names())
         else:
             info, result = await self.call_tool(turn, parsed)
-            observation = render_tool_response(result + self._stall_note(parsed, result))
+            observation = render_tool_response(result + self._stall_note(parsed, result, info))
             if self._stale >= 2 * self.config.stall_turns > 0:
                 self._done = True
                 return StepResult("", True, replace(info, end=StopReason.STALLED))
@@ -283,14 +283,18 @@ class ProtocolEnv(Env):
         normalise them as its tools do)."""
         return json.dumps([parsed.tool, parsed.arguments], sort_keys=True, ensure_ascii=False)
 
-    def _stall_note(self, parsed: ParsedTurn, result: str) -> str:
-        """Count a call that brings nothing new (a call made before, or a result read before); the
-        warning to add to its response when the count reaches ``stall_turns``, else ""."""
-        if not self.config.stall_turns:
+    def _stall_note(self, parsed: ParsedTurn, result: str, info: StepInfo) -> str:
+        """Count a call that brings nothing new; the warning to add to its response when the count
+        reaches ``stall_turns``, else "". Nothing new: a call that worked before, a result read
+        before, or a call that failed by the policy's doing (its arguments, its address). A call the
+        environment failed neither counts nor resets the count: retrying it is sensible."""
+        if not self.config.stall_turns or info.fault is Fault.environment:
             return ""
         made, read = _digest("call", self.call_key(parsed)), _digest("result", result)
-        self._stale = 0 if made not in self._seen and read not in self._seen else self._stale + 1
-        self._seen |= {made, read}
+        fresh = info.tool_ok is not False and made not in self._seen and read not in self._seen
+        self._stale = 0 if fresh else self._stale + 1
+        if info.tool_ok is not False:
+            self._seen |= {made, read}
         return render_stall_warning(self._stale) if self._stale == self.config.stall_turns else ""
 
     def snapshot(self) -> dict[str, object]:

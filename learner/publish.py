@@ -72,20 +72,23 @@ async def publish(engine: PolicyEngine | EngineRouter, weights: Mapping[str, tor
                                "directory every engine node can read")
         write_checkpoint(weights, checkpoint_dir)
         weights = {}
-    behind: Mapping[int, str] = {}
+    if isinstance(engine, EngineRouter):  # each replica checked on its own, with its own deadline
+        try:
+            return Published(version, await engine.update_replicas(version, weights, timeout_s))
+        except RuntimeError as error:  # no replica took it
+            raise PublishError(str(error)) from None
+    deadline = asyncio.timeout(timeout_s)
     try:
-        if isinstance(engine, EngineRouter):
-            behind = await engine.update_replicas(version, weights, timeout_s)
-        else:
-            await asyncio.wait_for(engine.update_weights(version, weights), timeout_s)
-        served = await asyncio.wait_for(engine.weights_version(), timeout_s)
+        async with deadline:
+            await engine.update_weights(version, weights)
+            served = await engine.weights_version()
     except TimeoutError:
-        raise PublishError(f"the engine did not take version {version} within {timeout_s:g} s") from None
-    except RuntimeError as error:
-        raise PublishError(str(error)) from None
+        if deadline.expired():
+            raise PublishError(f"the engine did not take version {version} within {timeout_s:g} s") from None
+        raise
     if served != version:
         raise PublishError(f"the engines serve version {served} after publishing version {version}")
-    return Published(served, behind)
+    return Published(served)
 
 
 def write_checkpoint(weights: Mapping[str, torch.Tensor], directory: str | Path) -> Path:

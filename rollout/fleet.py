@@ -207,10 +207,19 @@ class EngineRouter:
         self.published = (version, ref)
         live = [i for i in self._replicas if i not in self._dead]
 
-        async def update(index: int) -> int:
+        async def update(index: int) -> int | str:
+            """The version the replica serves after the update, or why it is late (one deadline for
+            the update and the check; an engine's own time-out is an error like any other)."""
             replica = self._replicas[index]
-            await asyncio.wait_for(replica.update_weights.remote(version, ref), timeout_s)
-            return int(await asyncio.wait_for(replica.weights_version.remote(), timeout_s))
+            deadline = asyncio.timeout(timeout_s)
+            try:
+                async with deadline:
+                    await replica.update_weights.remote(version, ref)
+                    return int(await replica.weights_version.remote())
+            except TimeoutError:
+                if deadline.expired():
+                    return f"did not take version {version} within {timeout_s:g} s"
+                raise
 
         results = await asyncio.gather(*(update(i) for i in live), return_exceptions=True)
         behind: dict[int, str] = {}
@@ -218,8 +227,8 @@ class EngineRouter:
             if isinstance(result, _DEAD):
                 self._dead.add(index)
                 log.warning("engine replica %d died; the other replicas carry on", index)
-            elif isinstance(result, TimeoutError):
-                behind[index] = f"did not take version {version} within {timeout_s:g} s"
+            elif isinstance(result, str):
+                behind[index] = result
             elif isinstance(result, BaseException):
                 behind[index] = f"failed to take version {version}: {describe_error(result)}"
             elif result != version:

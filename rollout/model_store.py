@@ -56,7 +56,7 @@ WARM_MODEL = "tiny-qwen3-mixed"  # the warm start of `turnstile train`: SFT_MODE
 COMMITTED_MODELS = (SFT_MODEL, WARM_MODEL)
 ITER_MODEL = "tiny-qwen3-iter"  # WARM_MODEL after SFT on iter_research turns (they carry a <report>):
 # the start of the mono vs iter_research ablation, built by `turnstile build-model`, not committed
-MULTIHOP_MODEL = "tiny-qwen3-multihop"  # WARM_MODEL after SFT on two- and three-hop chains, half of
+MULTIHOP_MODEL = "tiny-qwen3-multihop"  # WARM_MODEL after SFT on two- and three-hop chains, some of
 # them stopped early: the start of the multi-hop credit comparison (issue 36), built, not committed
 RECIPE_MODELS = (*COMMITTED_MODELS, ITER_MODEL, MULTIHOP_MODEL)  # the models cluster.warm_start builds
 COMMITTED = Path(__file__).resolve().parent / "models"

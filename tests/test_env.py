@@ -242,3 +242,23 @@ async def test_a_result_already_seen_is_nothing_new_and_the_count_survives_a_che
     assert not any([(await off.step(call())).done for _ in range(20)])  # 0: never
     with pytest.raises(ValueError, match="stall_turns"):
         EnvConfig(stall_turns=-1)
+
+
+async def test_retrying_an_outage_is_not_a_stall_and_repeating_a_refused_call_is() -> None:
+    """A call the environment failed neither counts nor resets (retrying a time-out is sensible);
+    a call that failed by the policy's doing counts as nothing new."""
+    down = FlakyTool("visit", failures=5, error=ToolError("timeout", "no answer"))
+    env = SearchBrowseEnv(TASK, Toolbox([EchoTool("search"), down], ToolboxConfig(max_attempts=1)),
+                          EnvConfig(stall_turns=2))
+    await env.reset()
+    await env.step(call("search", "a"))
+    await env.step(call("search", "a"))  # 1 stale
+    for _ in range(5):  # the outage: neither counted (no warning) nor reset (see below)
+        assert "[note]" not in (await env.step(call("visit", "page"))).observation
+    assert "Your last 2 tool calls" in (await env.step(call("search", "a"))).observation  # 2
+    assert "[note]" not in (await env.step(call("visit", "page"))).observation  # it works now: new, 0
+    refused = FlakyTool("visit", failures=99, error=ToolError("blocked", "private address"))
+    env = make_env(EnvConfig(stall_turns=2), tools=[EchoTool("search"), refused])
+    await env.reset()
+    await env.step(call("visit", "http://10.0.0.1/"))  # refused: nothing new, 1
+    assert "Your last 2 tool calls" in (await env.step(call("visit", "http://10.0.0.2/"))).observation

@@ -19,6 +19,7 @@ from envs.synthetic.render import world_documents
 from envs.synthetic.world import World, WorldConfig, generate_world
 from envs.tasks import Task
 from envs.tools.toolbox import Toolbox
+from rollout.engines.config import ScriptedEngineConfig
 from tests.tools_for_tests import memory_toolbox
 
 BASE = "http://corpus.test"
@@ -102,6 +103,8 @@ async def test_an_early_expert_answers_with_a_bridge_entity(world: World) -> Non
     assert ExpertConfig(early_fraction=1.0, hasty_fraction=1.0).stops_after("q", 3) is None
     with pytest.raises(ValueError, match="early_fraction"):
         ExpertConfig(early_fraction=-0.1)
+    with pytest.raises(ValueError, match=r"engine\.scripted\.early_fraction=1\.5 must be in \[0, 1\]"):
+        ScriptedEngineConfig(early_fraction=1.5)  # refused when the config loads, not in the actor
 
     toolbox = _memory_toolbox(world)
     for task in early[:4] + [t for t in chains if stops[t.id] is None][:2]:

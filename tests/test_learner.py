@@ -6,6 +6,7 @@ the module; the DP=2 and resume tests start their own.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 from collections.abc import Iterator
@@ -358,3 +359,32 @@ def test_one_update_of_a_real_pretrained_model(ray_local: None) -> None:
         logits = model(input_ids=ids).logits[0, len(sample.prompt_ids) - 1:-1]
     reference = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(sample.prompt_ids):, None])[:, 0]
     assert (reference[trained] - after[:len(mask)][trained]).abs().max() < 1e-3
+
+
+class UpdatingEngine:
+    """An engine whose weight update sleeps ``seconds`` or raises ``error``; it serves ``serves``."""
+
+    def __init__(self, seconds: float = 0.0, error: Exception | None = None, serves: int | None = None) -> None:
+        self.seconds, self.error, self.serves, self.version = seconds, error, serves, 0
+
+    async def update_weights(self, version: int, weights: object) -> None:
+        await asyncio.sleep(self.seconds)
+        if self.error is not None:
+            raise self.error
+        self.version = version if self.serves is None else self.serves
+
+    async def weights_version(self) -> int:
+        return self.version
+
+
+async def test_publishing_to_one_engine_has_a_deadline_and_checks_the_version() -> None:
+    assert (await publish(UpdatingEngine(), {}, 3, timeout_s=5)).version == 3  # type: ignore[arg-type]
+    with pytest.raises(PublishError, match=r"did not take version 3 within 0\.1 s"):
+        await publish(UpdatingEngine(seconds=30), {}, 3, timeout_s=0.1)  # type: ignore[arg-type]
+    with pytest.raises(PublishError, match="serve version 2 after publishing version 3"):
+        await publish(UpdatingEngine(serves=2), {}, 3)  # type: ignore[arg-type]
+    # the engine's own time-out is its error, not the deadline's, with or without a limit
+    with pytest.raises(TimeoutError, match="its own"):
+        await publish(UpdatingEngine(error=TimeoutError("its own")), {}, 3)  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError, match="its own"):
+        await publish(UpdatingEngine(error=TimeoutError("its own")), {}, 3, timeout_s=5)  # type: ignore[arg-type]

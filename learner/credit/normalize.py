@@ -46,6 +46,14 @@ def group_std(values: Sequence[float]) -> float:
     return float(math.sqrt(np.var(np.asarray(values, dtype=np.float64)) + VAR_FLOOR))
 
 
+def all_equal(values: Sequence[float]) -> bool:
+    """Whether ``values`` are one value up to rounding: their spread within :data:`EQUAL_TOLERANCE`
+    of their size (``0.1 + 0.2`` and ``0.3`` are equal). True for no values."""
+    if not values:
+        return True
+    return max(values) - min(values) <= EQUAL_TOLERANCE * max(1.0, max(abs(v) for v in values))
+
+
 def group_normalize(values: Sequence[float]) -> list[float]:
     """``(r − mean) / (std + ε)`` over one group; ``[]`` for an empty group.
 
@@ -57,7 +65,7 @@ def group_normalize(values: Sequence[float]) -> list[float]:
     if not values:
         return []
     array = np.asarray(values, dtype=np.float64)
-    if np.ptp(array) <= EQUAL_TOLERANCE * max(1.0, float(np.abs(array).max())):
+    if all_equal(values):
         return [0.0] * len(values)
     normalized = (array - array.mean()) / (group_std(values) + EPS)
     return [float(x) for x in normalized]

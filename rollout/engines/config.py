@@ -51,6 +51,11 @@ class ScriptedEngineConfig:
     # DatasetConfig's fields); empty: the synthetic world's. A rollout sets it from its own data.
     data: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for name in ("hasty_fraction", "early_fraction"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"engine.scripted.{name}={getattr(self, name)} must be in [0, 1]")
+
 
 @dataclass
 class EngineConfig:
