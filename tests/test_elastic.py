@@ -216,14 +216,14 @@ def test_a_training_run_grows_and_shrinks_and_the_learner_gets_every_sample_once
 
 
 @contextlib.contextmanager
-def stuck_fleet(tmp_path: Path, stuck: str, replicas: list[int]) -> Iterator[tuple[ElasticFleet, str]]:
-    """Two replicas of the scripted expert whose weight update hangs or raises on ``replicas``, with
-    a publish time-out of 2 s; the fleet and its actors' name prefix."""
+def stuck_fleet(tmp_path: Path, replicas: int, hang: list[int], fail: list[int]) -> Iterator[tuple[ElasticFleet, str]]:
+    """``replicas`` replicas of the scripted expert whose weight update hangs on ``hang`` and raises
+    on ``fail``, with a publish time-out of 2 s; the fleet and its actors' name prefix."""
     rollout = sim_rollout()
     config = load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml", [
-        "fleet.engine_replicas=2", "fleet.engine_cpus=0.5", "fleet.worker_cpus=0.5",
+        f"fleet.engine_replicas={replicas}", "fleet.engine_cpus=0.5", "fleet.worker_cpus=0.5",
         "fleet.publish_timeout_s=2", "fleet.autoscale.interval_s=0.2"]).fleet
-    engine = EngineConfig(kind="tests.user_plugins:StuckUpdateExpert", options={"stuck": stuck, "replicas": replicas})
+    engine = EngineConfig(kind="tests.user_plugins:StuckUpdateExpert", options={"hang": hang, "fail": fail})
     name = f"w{tmp_path.name[-10:]}"
     with serve_corpus(rollout.corpus) as corpus, elastic_fleet(
             engine, config, WorkerSpec(tools=rollout.tools, episode=rollout.episode, context=rollout.context,
@@ -234,34 +234,34 @@ def stuck_fleet(tmp_path: Path, stuck: str, replicas: list[int]) -> Iterator[tup
 
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", ["inplace", "checkpoint"])
-@pytest.mark.parametrize("stuck", ["hang", "raise"])
-async def test_a_replica_that_does_not_take_the_new_weights_is_replaced(ray_local: None, tmp_path: Path,
-                                                                        stuck: str, mode: str) -> None:
-    """The weight-sync watchdog: engine-0's update hangs (or raises); the publish returns within its
-    time-out with engine-1 serving the new version, engine-0 leaves the routers at once and is
-    replaced, and the replacement catches up to the published version before it serves."""
-    with stuck_fleet(tmp_path, stuck, [0]) as (fleet, name):
+async def test_replicas_that_do_not_take_the_new_weights_are_replaced(ray_local: None, tmp_path: Path,
+                                                                      mode: str) -> None:
+    """The weight-sync watchdog: engine-0's update hangs and engine-1's raises; the publish returns
+    within its time-out with engine-2 serving the new version, the other two leave the routers at
+    once and are replaced, and each replacement catches up to the published version before it serves."""
+    with stuck_fleet(tmp_path, 3, hang=[0], fail=[1]) as (fleet, name):
         started = time.monotonic()
         assert await fleet.publish({}, 1, mode=mode, checkpoint_dir=str(tmp_path / "weights")) == 1
         assert time.monotonic() - started < 30  # the 2 s time-out, not the hour the update would hang
-        assert fleet.router.replica_ids() == [1]  # out of the routers before the next request
+        assert fleet.router.replica_ids() == [2]  # out of the routers before the next request
         deadline = time.monotonic() + 120
-        while not any(e.member == "engine-2" and e.action == "ready" for e in fleet.events) \
-                and time.monotonic() < deadline:  # noqa: ASYNC110 - the fleet's thread replaces it
+        while sum(e.action == "ready" and e.member in ("engine-3", "engine-4") for e in fleet.events) < 2 \
+                and time.monotonic() < deadline:  # noqa: ASYNC110 - the fleet's thread replaces them
             await asyncio.sleep(0.2)
-        assert ray.get(ray.get_actor(f"{name}-engine-2").weights_version.remote()) == 1
-        assert fleet.router.replica_ids() == [1, 2]
-    replaced = [e for e in events_of(tmp_path / "fleet.jsonl") if e["action"] == "replace"]
-    assert [e["member"] for e in replaced] == ["engine-0"]
-    why = "did not take version 1 within 2 s" if stuck == "hang" else "failed to take version 1: RuntimeError"
-    assert why in str(replaced[0]["reason"])
+        for replacement in (3, 4):
+            assert ray.get(ray.get_actor(f"{name}-engine-{replacement}").weights_version.remote()) == 1
+        assert fleet.router.replica_ids() == [2, 3, 4]
+    replaced = {e["member"]: str(e["reason"]) for e in events_of(tmp_path / "fleet.jsonl") if e["action"] == "replace"}
+    assert sorted(replaced) == ["engine-0", "engine-1"]
+    assert "did not take version 1 within 2 s" in replaced["engine-0"]
+    assert "failed to take version 1: RuntimeError: the new weights could not be loaded" in replaced["engine-1"]
 
 
 @pytest.mark.integration
 async def test_a_publish_that_no_replica_completes_stops_with_an_error(ray_local: None, tmp_path: Path) -> None:
     from learner.publish import PublishError
 
-    with stuck_fleet(tmp_path, "hang", [0, 1]) as (fleet, _):
+    with stuck_fleet(tmp_path, 2, hang=[0, 1], fail=[]) as (fleet, _):
         started = time.monotonic()
         with pytest.raises(PublishError, match=r"no engine replica serves version 1 \(engine replica 0: did not "
                                                r"take version 1 within 2 s; engine replica 1: did not"):

@@ -240,13 +240,13 @@ class GrowThenShrink:
 
 @dataclass
 class StuckUpdateOptions:
-    stuck: str = "hang"  # hang | raise
-    replicas: list[int] = field(default_factory=lambda: [0])  # the replicas (engine-<id>) whose update fails
+    hang: list[int] = field(default_factory=list)  # the replicas (engine-<id>) whose update never returns
+    fail: list[int] = field(default_factory=list)  # the replicas whose update raises
 
 
 class StuckUpdateExpert(ScriptedEngine):
-    """The scripted expert, except that the weight update of the replicas ``engine.options.replicas``
-    names never returns (``stuck: hang``) or raises (``stuck: raise``): the weight-sync watchdog's drill."""
+    """The scripted expert, except that the weight update of the replicas ``engine.options`` names
+    never returns (``hang``) or raises (``fail``): the weight-sync watchdog's drill."""
 
     stuck: StuckUpdateOptions
 
@@ -261,8 +261,8 @@ class StuckUpdateExpert(ScriptedEngine):
         import ray
 
         name = ray.get_runtime_context().get_actor_name() or ""
-        if any(name.endswith(f"-engine-{replica}") for replica in self.stuck.replicas):
-            if self.stuck.stuck == "hang":
-                await asyncio.sleep(3600)
+        if any(name.endswith(f"-engine-{replica}") for replica in self.stuck.hang):
+            await asyncio.sleep(3600)
+        if any(name.endswith(f"-engine-{replica}") for replica in self.stuck.fail):
             raise RuntimeError("the new weights could not be loaded (the test engine's drill)")
         await super().update_weights(version, weights)
