@@ -3,9 +3,12 @@
 One asyncio loop in the driver does four things, none of which blocks the others:
 
 1. **Admission** (staleness bound η): a new group (G episodes of one task) starts only while
-   ``accepted + running + G <= (η + version + 1) × batch``, where ``accepted`` counts finished
-   samples since the run began, ``version`` is the weights version the engines serve and ``batch``
-   is ``tasks_per_step × G``. Rollout runs ahead of the learner by at most η updates' worth.
+   ``accepted + running + G <= (η + steps + 1) × batch``, where ``accepted`` counts finished
+   samples since the run began, ``steps`` the learner's steps so far and ``batch`` is
+   ``tasks_per_step × G``. Rollout runs ahead of the learner by at most η steps' worth. While every
+   step trains, ``steps`` is the weights version the engines serve; a step that trained nothing
+   (its samples all left out, say as environment-decided) used up its batch all the same, and
+   admission must not wait for a version that step will never publish.
 2. **Harvest**: a finished episode goes to the trajectory store (``finished``). Episodes are placed
    by the run's one dispatcher policy (:mod:`cluster.dispatch`, shared with rollout and evaluation):
    an episode whose worker died runs again elsewhere (the store keeps each item once), and an
@@ -38,9 +41,10 @@ if TYPE_CHECKING:  # annotations only: cluster.train imports this module, not th
 log = logging.getLogger(__name__)
 
 
-def admits(accepted: int, in_flight: int, group_size: int, version: int, staleness: int, batch: int) -> bool:
-    """The staleness bound η on admission: whether one more group of ``group_size`` may start."""
-    return accepted + in_flight + group_size <= (staleness + version + 1) * batch
+def admits(accepted: int, in_flight: int, group_size: int, steps: int, staleness: int, batch: int) -> bool:
+    """The staleness bound η on admission: whether one more group of ``group_size`` may start,
+    ``steps`` steps into the run."""
+    return accepted + in_flight + group_size <= (staleness + steps + 1) * batch
 
 
 async def async_loop(run: Run) -> None:
@@ -61,7 +65,7 @@ async def async_loop(run: Run) -> None:
             # Admission waits on the bound only: groups beyond the workers' room wait in the
             # dispatcher, where the fleet sees them as demand (and grows, when it autoscales).
             while admits(state.accepted, len(episodes.running) + len(episodes.waiting), group_size,
-                         state.weights_version, job.staleness, batch):
+                         state.step, job.staleness, batch):
                 task = run.task(state.cursor)
                 uid = f"a{state.cursor}-{task.id}"
                 state.cursor += 1

@@ -198,7 +198,9 @@ def test_failed_and_hostile_episodes_are_counted_not_fatal(ray_local: None, tmp_
     state = run_train(job, progress=False)
     assert state.step == 1  # (an update needs signal: the expert's other samples may all be right)
     metrics = json.loads((tmp_path / "run.json").read_text())["history"][-1]
-    assert metrics["rollout/empty"] == 1 and metrics["rollout/stop_engine_error"] == 0.25
+    assert metrics["rollout/stop_engine_error"] == 0.25
+    # the empty engine_error sample is the environment's doing: left out as such, not as "empty"
+    assert metrics["rollout/environment_left_out"] == 1 and metrics["rollout/empty"] == 0
     scored = load_trajectories(tmp_path / "scored" / "step0.jsonl")
     hostile = [t.turns[1] for t in scored if t.sample == 1]
     assert hostile and all(not turn.format_ok and turn.format_errors for turn in hostile)
