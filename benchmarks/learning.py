@@ -57,6 +57,11 @@ MULTIHOP = [f"rollout.data.options={MULTIHOP_MIX}", f"eval_data.options={MULTIHO
             "rollout.episode.env.max_turns=8", "rollout.episode.context_budget=4096", "steps=20", "eval_every=10"]
 MULTIHOP_ARMS = ("mh_grpo", "mh_igpo", "mh_igpo_every", "mh_abc_grpo")
 
+# The fault drill (issue 37): the toolbox fails 30% of the tool calls as an unavailable service would
+# (the environment's fault); the default masks the episodes the environment decided, ``keep`` trains
+# them as the wrong answers they look like.
+FAULTS = "rollout.tools.toolbox.inject_failure_rate=0.3"
+
 ARMS: dict[str, tuple[str, list[str]]] = {
     "grpo": ("GRPO, mono context (the default)", []),
     "igpo": ("IGPO: browse-aware IG, IG-Scale, turn format penalty", [IG, "estimator.name=igpo"]),
@@ -76,6 +81,10 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "mono_gspo_iter": ("mono context, GSPO loss (from tiny-qwen3-iter)", ["learner.loss=gspo"]),
     "grpo_hard": ("GRPO on the hard split (2 hops)", [HARD, HARD_EVAL]),
     "igpo_hard": ("IGPO on the hard split (2 hops)", [HARD, HARD_EVAL, IG, "estimator.name=igpo"]),
+    "grpo_faults30": ("GRPO, 30% of tool calls failed by the environment, its episodes masked (the default)",
+                      [FAULTS]),
+    "grpo_faults30_keep": ("GRPO, 30% of tool calls failed by the environment, every episode trained "
+                           "(environment_faults=keep)", [FAULTS, "environment_faults=keep"]),
     "mh_grpo": ("multi-hop: GRPO", MULTIHOP),
     "mh_igpo": ("multi-hop: IGPO (browse-aware IG, IG-Scale, turn format penalty)",
                 [*MULTIHOP, IG, "estimator.name=igpo"]),
@@ -156,6 +165,10 @@ def run_summary(out: Path) -> dict[str, object]:
             "hops": {int(row["step"]): {key.removeprefix("eval/accuracy_hops"): value for key, value in row.items()
                                         if key.startswith("eval/accuracy_hops")}
                      for row in data["history"] if "eval/accuracy" in row},
+            # per training step, the episodes the environment decided and those left out of the loss
+            "environment": {int(row["step"]): [row.get("rollout/environment_decided", 0.0),
+                                               row.get("rollout/environment_left_out", 0.0)]
+                            for row in data["history"] if "reward/mean" in row},
             "wall_s": _previous_wall(out)}
 
 
@@ -165,7 +178,7 @@ def load_record(record: Path) -> dict[str, dict[int, dict[str, object]]]:
         return {}
     raw = json.loads(record.read_text())
     return {arm: {int(seed): {**run, **{field: {int(k): v for k, v in run.get(field, {}).items()}
-                                        for field in ("evals", "format", "uniform", "hops")}}
+                                        for field in ("evals", "format", "uniform", "hops", "environment")}}
                   for seed, run in seeds.items()} for arm, seeds in raw.items()}
 
 

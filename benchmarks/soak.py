@@ -1,0 +1,198 @@
+"""Memory over a long training run: does any process of `turnstile train` grow step after step?
+
+Runs the real `turnstile train` loop in this process (``run_train``: async mode, so the store, the
+reward service and its workers run; the real veRL learner on the default tiny model on CPU; the
+``sim`` engine with no latency, so a step costs the learner's update and turnstile's own work, not
+a model's generation — the episodes are the scripted expert's turns through the real environment,
+tools, workers, router and store). Rewards: exact match, the format check and information gain,
+whose reward workers score every episode with the policy of its version (the weights archive).
+After each step's checkpoint (``run.json``) a reading is taken of:
+
+- the resident set size (RSS) of every process of the run, by role: this driver, the rollout
+  workers, the engine replicas, the reward workers, the learner's ranks, the memory store's actor,
+  idle Ray workers and Ray's own processes (raylet, GCS, ...): every descendant of this process,
+  classed by the title Ray gives an actor's process (``ray::ClassName``);
+- the Ray object store's bytes in use (the raylet's store statistics, as ``ray memory --stats-only``
+  prints them).
+
+    .venv/bin/python benchmarks/soak.py [--steps 300] [--out runs/soak] [--plot docs/benchmarks/soak.png]
+
+Resumable: a run killed midway continues from its last checkpoint (``resume=true``) when started
+again with the same ``--out``; the readings already taken are kept (``memory.jsonl``).
+
+Reading: per role, RSS after the warm-up (the first tenth of the steps) and at the last step, and
+the slope of a least-squares line over the steps after the warm-up, in MB per 100 steps. Target:
+every slope within noise of zero (a leak of a few KB a step shows as tens of MB over hundreds of
+steps). MB here is 2^20 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+import ray
+
+from cluster.config import load_config
+from cluster.train import TrainJob, run_train
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
+MB = 1 << 20
+
+ROLES = {"RolloutWorker": "rollout workers", "EngineActor": "engines", "RewardWorker": "reward workers",
+         "MemoryStoreActor": "store", "IDLE": "idle Ray workers"}
+"""The role of a Ray actor's process, by its class; other actors' classes are the learner's (veRL's
+worker group) and are named ``learner``."""
+DRIVER, RAY_OWN, LEARNER = "driver", "Ray's own processes", "learner"
+_TITLE = re.compile(r"^ray::(\w+)")
+
+
+def overrides(steps: int, out: Path, resume: bool) -> list[str]:
+    return [f"steps={steps}", "mode=async", "staleness=1", "eval_every=0", "checkpoint_every=1",
+            f"out={out}", "name=soak", f"resume={str(resume).lower()}", "tasks_per_step=4",
+            "rollout.group_size=4", "rollout.engine.kind=sim",
+            "rollout.engine.options={decode_s_per_token: 0.0, concurrency: 32}",
+            "rollout.corpus.port=0", "rollout.fleet.workers=2", "rollout.fleet.episodes_per_worker=8",
+            "rewards=[{kind: exact_match}, {kind: format}, {kind: information_gain}]",
+            "estimator.name=igpo", "learner.mini_batch=16", "learner.micro_batch=2", "learner.threads=1"]
+
+
+def role_of(process: psutil.Process) -> str:
+    if process.pid == os.getpid():
+        return DRIVER
+    title = " ".join(process.cmdline())
+    match = _TITLE.match(title)
+    if match is None:
+        return RAY_OWN  # raylet, gcs_server, the dashboard's and log monitor's processes
+    return ROLES.get(match.group(1), LEARNER)
+
+
+def reading(step: int) -> dict[str, object]:
+    """RSS by role (MB, and the number of processes) of every process under this one, and the
+    object store's bytes in use."""
+    rss: dict[str, float] = defaultdict(float)
+    count: dict[str, int] = defaultdict(int)
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            role, size = role_of(process), process.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue  # it ended between the listing and the reading
+        rss[role] += size / MB
+        count[role] += 1
+    return {"step": step, "rss_mb": dict(rss), "processes": dict(count), "object_store_mb": object_store_mb()}
+
+
+def object_store_mb() -> float:
+    # Ray's public API reports the store only as text (``ray memory --stats-only``); this is the
+    # reply that text is made from.
+    from ray._private.internal_api import get_memory_info_reply, get_state_from_address
+
+    reply = get_memory_info_reply(get_state_from_address(ray.get_runtime_context().gcs_address))
+    return reply.store_stats.object_store_bytes_used / MB
+
+
+class Sampler(threading.Thread):
+    """Takes a :func:`reading` each time the run's checkpoint names a new step."""
+
+    def __init__(self, out: Path, log: Path) -> None:
+        super().__init__(daemon=True)
+        self.out, self.log, self.stop = out, log, threading.Event()
+        self.last = max((row["step"] for row in load(log)), default=0)
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            self.poll()
+
+    def poll(self) -> None:
+        try:
+            step = int(json.loads((self.out / "run.json").read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            return  # not written yet
+        if step > self.last:
+            with self.log.open("a") as log:
+                log.write(json.dumps(reading(step)) + "\n")
+            self.last = step
+
+
+def load(log: Path) -> list[dict]:
+    if not log.is_file():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def slope_per_100(steps: list[float], values: list[float]) -> float:
+    """The least-squares slope of ``values`` over ``steps``, per 100 steps."""
+    if len(set(steps)) < 2:
+        return 0.0
+    return 100 * statistics.linear_regression(steps, values).slope
+
+
+def summary(rows: list[dict]) -> list[tuple[str, int, float, float, float]]:
+    """Per role: processes, RSS after the warm-up, at the last step, slope (MB per 100 steps)."""
+    warm = [row for row in rows if row["step"] > rows[-1]["step"] // 10] or rows
+    roles = sorted({role for row in rows for role in row["rss_mb"]}, key=lambda r: -warm[-1]["rss_mb"].get(r, 0))
+    series = {role: [row["rss_mb"].get(role, 0.0) for row in warm] for role in roles}
+    series["object store"] = [row["object_store_mb"] for row in warm]
+    steps = [float(row["step"]) for row in warm]
+    return [(role, warm[-1]["processes"].get(role, 0), values[0], values[-1], slope_per_100(steps, values))
+            for role, values in series.items()]
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [row["step"] for row in rows]
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(3, 1))
+    for role in sorted({role for row in rows for role in row["rss_mb"]}):
+        top.plot(steps, [row["rss_mb"].get(role, 0.0) for row in rows], label=role)
+    top.set_ylabel("RSS (MB, all processes of the role)")
+    top.legend(fontsize=8, ncol=2)
+    top.set_title("turnstile train (async) over a long run: memory by role")
+    bottom.plot(steps, [row["object_store_mb"] for row in rows], color="black")
+    bottom.set_ylabel("object store (MB)")
+    bottom.set_xlabel("step")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--out", type=Path, default=Path("runs/soak"))
+    parser.add_argument("--plot", type=Path, default=None, help="write the curves here (a .png)")
+    args = parser.parse_args()
+    run_dir, log = args.out / "run", args.out / "memory.jsonl"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job = load_config(TrainJob, EXAMPLE, overrides(args.steps, run_dir, resume=(run_dir / "run.json").is_file()))
+    sampler = Sampler(run_dir, log)
+    sampler.start()
+    try:
+        run_train(job, progress=False)
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    sampler.poll()  # the last step, if the run ended before the sampler saw it (Ray is still up)
+    rows = load(log)
+    print(f"{len(rows)} readings, steps {rows[0]['step']}-{rows[-1]['step']}; "
+          f"warm-up: the first {rows[-1]['step'] // 10} steps")
+    print("| role | processes | RSS after warm-up (MB) | at the last step (MB) | slope (MB / 100 steps) |")
+    print("|---|---|---|---|---|")
+    for role, processes, first, last, slope in summary(rows):
+        print(f"| {role} | {processes or ''} | {first:.0f} | {last:.0f} | {slope:+.1f} |")
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"curves: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
