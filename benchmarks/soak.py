@@ -4,7 +4,8 @@ Runs the real `turnstile train` loop in this process (``run_train``: async mode,
 reward service and its workers run; the real veRL learner on the default tiny model on CPU; the
 ``sim`` engine with no latency, so a step costs the learner's update and turnstile's own work, not
 a model's generation — the episodes are the scripted expert's turns through the real environment,
-tools, workers, router and store). Rewards: exact match, the format check and information gain,
+tools, workers, router and store; a tenth of the tool calls fail, so a group's samples differ).
+Rewards: exact match, the format check and information gain,
 whose reward workers score every episode with the policy of its version (the weights archive).
 After each step's checkpoint (``run.json``) a reading is taken of:
 
@@ -56,9 +57,12 @@ _TITLE = re.compile(r"^ray::(\w+)")
 
 def overrides(steps: int, out: Path, resume: bool) -> list[str]:
     return [f"steps={steps}", "mode=async", "staleness=1", "eval_every=0", "checkpoint_every=1",
-            f"out={out}", "name=soak", f"resume={str(resume).lower()}", "tasks_per_step=4",
+            f"out={out}", "name=soak", f"resume={str(resume).lower()}", "tasks_per_step=2",
             "rollout.group_size=4", "rollout.engine.kind=sim",
             "rollout.engine.options={decode_s_per_token: 0.0, concurrency: 32}",
+            # a tenth of the tool calls fail: the expert's samples of a task differ (the learner gets
+            # a gradient, not an all-equal group) and the fault path runs every step
+            "rollout.tools.toolbox.inject_failure_rate=0.1",
             "rollout.corpus.port=0", "rollout.fleet.workers=2", "rollout.fleet.episodes_per_worker=8",
             "rewards=[{kind: exact_match}, {kind: format}, {kind: information_gain}]",
             "estimator.name=igpo", "learner.mini_batch=16", "learner.micro_batch=2", "learner.threads=1"]
