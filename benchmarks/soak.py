@@ -4,9 +4,10 @@ Runs the real `turnstile train` loop in this process (``run_train``: async mode,
 reward service and its workers run; the real veRL learner on the default tiny model on CPU; the
 ``sim`` engine with no latency, so a step costs the learner's update and turnstile's own work, not
 a model's generation — the episodes are the scripted expert's turns through the real environment,
-tools, workers, router and store; a tenth of the tool calls fail, so a group's samples differ).
-Rewards: exact match, the format check and information gain,
-whose reward workers score every episode with the policy of its version (the weights archive).
+tools, workers, router and store; half the tool calls fail and those episodes are trained, so a
+group's samples differ and the learner updates and publishes every step). Rewards: exact match,
+the format check and information gain, whose reward workers score every episode with the policy of
+its version (the weights archive).
 After each step's checkpoint (``run.json``) a reading is taken of:
 
 - the resident set size (RSS) of every process of the run, by role: this driver, the rollout
@@ -60,9 +61,11 @@ def overrides(steps: int, out: Path, resume: bool) -> list[str]:
             f"out={out}", "name=soak", f"resume={str(resume).lower()}", "tasks_per_step=2",
             "rollout.group_size=4", "rollout.engine.kind=sim",
             "rollout.engine.options={decode_s_per_token: 0.0, concurrency: 32}",
-            # a tenth of the tool calls fail: the expert's samples of a task differ (the learner gets
-            # a gradient, not an all-equal group) and the fault path runs every step
-            "rollout.tools.toolbox.inject_failure_rate=0.1",
+            # Half the tool calls fail and every episode is trained (``keep``): the expert retries,
+            # and where its retries run out it answers wrong, so a group's samples differ and the
+            # learner trains and publishes every step (the expert alone is always right: every group
+            # all-equal, nothing to train). The fault path runs every step.
+            "rollout.tools.toolbox.inject_failure_rate=0.5", "environment_faults=keep",
             "rollout.corpus.port=0", "rollout.fleet.workers=2", "rollout.fleet.episodes_per_worker=8",
             "rewards=[{kind: exact_match}, {kind: format}, {kind: information_gain}]",
             "estimator.name=igpo", "learner.mini_batch=16", "learner.micro_batch=2", "learner.threads=1"]
