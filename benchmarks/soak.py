@@ -1,13 +1,14 @@
 """Memory over a long training run: does any process of `turnstile train` grow step after step?
 
 Runs the real `turnstile train` loop in this process (``run_train``: async mode, so the store, the
-reward service and its workers run; the real veRL learner on the default tiny model on CPU; the
-``sim`` engine with no latency, so a step costs the learner's update and turnstile's own work, not
-a model's generation — the episodes are the scripted expert's turns through the real environment,
-tools, workers, router and store; half the tool calls fail and those episodes are trained, so a
-group's samples differ and the learner updates and publishes every step). Rewards: exact match,
-the format check and information gain, whose reward workers score every episode with the policy of
-its version (the weights archive).
+reward service and its workers run): the warm start on vLLM (CPU), the real veRL learner, weights
+published to the engine every step, the real environment, tools, workers, router and store, as the
+embedded default runs them, at a smaller step (2 tasks × 4 samples, 128 new tokens a turn) so that
+hundreds of steps fit in an hour; a tenth of the tool calls fail (the environment's fault: the fault
+path runs every step). Rewards: exact match, the format check and information gain, whose reward
+workers score every episode with the policy of its version (the weights archive). (An engine that
+answers instantly, the scripted expert, is always right: every group all-equal, nothing trained or
+published, so the learner's and the engine's memory would go unmeasured.)
 After each step's checkpoint (``run.json``) a reading is taken of:
 
 - the resident set size (RSS) of every process of the run, by role: this driver, the rollout
@@ -59,26 +60,26 @@ _TITLE = re.compile(r"^ray::(\w+)")
 def overrides(steps: int, out: Path, resume: bool) -> list[str]:
     return [f"steps={steps}", "mode=async", "staleness=1", "eval_every=0", "checkpoint_every=1",
             f"out={out}", "name=soak", f"resume={str(resume).lower()}", "tasks_per_step=2",
-            "rollout.group_size=4", "rollout.engine.kind=sim",
-            "rollout.engine.options={decode_s_per_token: 0.0, concurrency: 32}",
-            # Half the tool calls fail and every episode is trained (``keep``): the expert retries,
-            # and where its retries run out it answers wrong, so a group's samples differ and the
-            # learner trains and publishes every step (the expert alone is always right: every group
-            # all-equal, nothing to train). The fault path runs every step.
-            "rollout.tools.toolbox.inject_failure_rate=0.5", "environment_faults=keep",
+            "rollout.group_size=4", "rollout.episode.max_new_tokens=128",
+            # A tenth of the tool calls fail (the environment's: those episodes are left out of the loss)
+            "rollout.tools.toolbox.inject_failure_rate=0.1",
             "rollout.corpus.port=0", "rollout.fleet.workers=2", "rollout.fleet.episodes_per_worker=8",
             "rewards=[{kind: exact_match}, {kind: format}, {kind: information_gain}]",
-            "estimator.name=igpo", "learner.mini_batch=16", "learner.micro_batch=2", "learner.threads=1"]
+            "estimator.name=igpo", "learner.mini_batch=8", "learner.micro_batch=2", "learner.threads=1"]
 
 
 def role_of(process: psutil.Process) -> str:
+    """The role of the nearest Ray actor process at or above ``process`` (vLLM's engine core is a
+    child of its replica's actor), this driver's, or Ray's own (raylet, GCS, dashboard, log monitor)."""
     if process.pid == os.getpid():
         return DRIVER
-    title = " ".join(process.cmdline())
-    match = _TITLE.match(title)
-    if match is None:
-        return RAY_OWN  # raylet, gcs_server, the dashboard's and log monitor's processes
-    return ROLES.get(match.group(1), LEARNER)
+    step: psutil.Process | None = process
+    while step is not None and step.pid != os.getpid():
+        match = _TITLE.match(" ".join(step.cmdline()))
+        if match is not None:
+            return ROLES.get(match.group(1), LEARNER)
+        step = step.parent()
+    return RAY_OWN
 
 
 def reading(step: int) -> dict[str, object]:
