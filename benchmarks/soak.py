@@ -50,10 +50,10 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
 MB = 1 << 20
 
 ROLES = {"RolloutWorker": "rollout workers", "EngineActor": "engines", "RewardWorker": "reward workers",
-         "MemoryStoreActor": "store", "IDLE": "idle Ray workers"}
-"""The role of a Ray actor's process, by its class; other actors' classes are the learner's (veRL's
-worker group) and are named ``learner``."""
-DRIVER, RAY_OWN, LEARNER = "driver", "Ray's own processes", "learner"
+         "PolicyWorker": "learner", "MemoryStoreActor": "store", "IDLE": "idle Ray workers",
+         "DashboardAgent": "Ray's own processes", "RuntimeEnvAgent": "Ray's own processes"}
+"""The role of a Ray actor's process, by its class (another actor's class is its own role)."""
+DRIVER, RAY_OWN = "driver", "Ray's own processes"
 _TITLE = re.compile(r"^ray::(\w+)")
 
 
@@ -77,7 +77,7 @@ def role_of(process: psutil.Process) -> str:
     while step is not None and step.pid != os.getpid():
         match = _TITLE.match(" ".join(step.cmdline()))
         if match is not None:
-            return ROLES.get(match.group(1), LEARNER)
+            return ROLES.get(match.group(1), match.group(1))
         step = step.parent()
     return RAY_OWN
 
@@ -87,14 +87,22 @@ def reading(step: int) -> dict[str, object]:
     object store's bytes in use."""
     rss: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
+    ray_own: dict[str, float] = defaultdict(float)  # which of Ray's processes, if that role grows
     for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
         try:
             role, size = role_of(process), process.memory_info().rss
+            name = process.cmdline()[0].rsplit("/", 1)[-1] if role == RAY_OWN else ""
+            if name == "python":  # Ray's Python services: name them by their script
+                name = process.cmdline()[-1].rsplit("/", 1)[-1] if len(process.cmdline()) < 3 else \
+                    next((arg.rsplit("/", 1)[-1] for arg in process.cmdline() if arg.endswith(".py")), name)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # it ended between the listing and the reading
         rss[role] += size / MB
         count[role] += 1
-    return {"step": step, "rss_mb": dict(rss), "processes": dict(count), "object_store_mb": object_store_mb()}
+        if name:
+            ray_own[name] += size / MB
+    return {"step": step, "rss_mb": dict(rss), "processes": dict(count), "object_store_mb": object_store_mb(),
+            "ray_own_mb": dict(ray_own)}
 
 
 def object_store_mb() -> float:
