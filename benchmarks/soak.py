@@ -120,17 +120,21 @@ class Sampler(threading.Thread):
     def __init__(self, out: Path, log: Path) -> None:
         super().__init__(daemon=True)
         self.out, self.log, self.stop = out, log, threading.Event()
-        self.last = max((row["step"] for row in load(log)), default=0)
+        # A resumed run starts at its checkpoint's step: readings belong to steps this run finishes.
+        self.last = max([row["step"] for row in load(log)] + [self.checkpoint_step()])
 
     def run(self) -> None:
         while not self.stop.wait(0.5):
             self.poll()
 
-    def poll(self) -> None:
+    def checkpoint_step(self) -> int:
         try:
-            step = int(json.loads((self.out / "run.json").read_text())["step"])
+            return int(json.loads((self.out / "run.json").read_text())["step"])
         except (OSError, ValueError, KeyError):
-            return  # not written yet
+            return 0  # not written yet
+
+    def poll(self) -> None:
+        step = self.checkpoint_step()
         if step > self.last:
             with self.log.open("a") as log:
                 log.write(json.dumps(reading(step)) + "\n")
