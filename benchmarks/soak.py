@@ -135,7 +135,9 @@ class Sampler(threading.Thread):
 
     def poll(self) -> None:
         step = self.checkpoint_step()
-        if step > self.last:
+        # Not before this process' Ray is up: the store's reading would look for another cluster
+        # (a dead one's address left behind kills the process after a minute).
+        if step > self.last and ray.is_initialized():
             with self.log.open("a") as log:
                 log.write(json.dumps(reading(step)) + "\n")
             self.last = step
