@@ -50,6 +50,14 @@ log = logging.getLogger(__name__)
 class RayConfig:
     address: str = ""  # "" = start a local Ray (or join the one RAY_ADDRESS / `ray job submit` names)
     num_cpus: int | None = None  # logical CPUs of a local Ray; None = Ray's default
+    # Actor calls whose records a local Ray's GCS keeps (for its task listing). Every call leaves
+    # ~3.3 KB there until this many are kept: Ray's default of 100,000 is ~330 MB that a long run
+    # reaches and holds (benchmarks/soak.py). Ignored when joining a cluster: it has its own.
+    task_events: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.task_events < 1:
+            raise ValueError(f"ray.task_events must be >= 1, got {self.task_events}")
 
 
 @dataclass
@@ -167,7 +175,8 @@ def init_ray(cfg: RayConfig, logs: Path | None = None) -> None:
     runtime_env = worker_runtime_env(logs) if logs is not None and not joining else None
     ray.init(address=cfg.address or None, num_cpus=None if joining else cfg.num_cpus,
              include_dashboard=False if not joining else None, log_to_driver=True, configure_logging=False,
-             runtime_env=runtime_env)
+             runtime_env=runtime_env,
+             _system_config=None if joining else {"task_events_max_num_task_in_gcs": cfg.task_events})
 
 
 def expert_engine(engine: EngineConfig, data: DatasetConfig) -> EngineConfig:

@@ -167,3 +167,23 @@ def test_a_second_env_runs_through_the_same_rollout(ray_local: None, tmp_path: P
     assert all(t.turns[0].tool == "calculate" and t.turns[0].tool_ok for t in trajectories)
     assert all(f"= {t.answers[0]}" in t.turns[0].observation_text for t in trajectories)
     assert {answer_matches(t.answer, t.answers) for t in trajectories if t.sample == 0} == {True}
+
+
+def test_a_local_ray_keeps_a_bounded_number_of_task_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every actor call leaves a record in the GCS until ``ray.task_events`` are kept (Ray's own
+    default, 100,000, is ~330 MB a long run reaches): a local Ray gets the bound, a joined cluster
+    keeps its own settings."""
+    import ray
+
+    from cluster.rollout import RayConfig, init_ray
+
+    started: list[dict] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: started.append(kwargs))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    init_ray(RayConfig(num_cpus=2))
+    init_ray(RayConfig(address="127.0.0.1:6379"))
+    assert started[0]["_system_config"] == {"task_events_max_num_task_in_gcs": 10_000}
+    assert started[1]["_system_config"] is None
+    with pytest.raises(ValueError, match="task_events"):
+        RayConfig(task_events=0)
