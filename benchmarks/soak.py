@@ -19,12 +19,15 @@ After each step's checkpoint (``run.json``) a reading is taken of:
   prints them).
 
     .venv/bin/python benchmarks/soak.py [--steps 300] [--out runs/soak] [--plot docs/benchmarks/soak.png]
+    .venv/bin/python benchmarks/soak.py --report-only [--out runs/soak] [--plot ...]
 
 Resumable: a run killed midway continues from its last checkpoint (``resume=true``) when started
 again with the same ``--out``; the readings already taken are kept (``memory.jsonl``).
 
-Reading: per role, RSS after the warm-up (the first tenth of the steps) and at the last step, and
-the slope of a least-squares line over the steps after the warm-up, in MB per 100 steps. Target:
+Reading: per role, RSS after the warm-up (the first ``--warm-up`` share of the readings: a process'
+first steps fill its caches and allocator pools) and at the last step, and the slope of a
+least-squares line over the readings after it, in MB per 100 steps; Ray's own processes also one by
+one. Target:
 every slope within noise of zero (a leak of a few KB a step shows as tens of MB over hundreds of
 steps). MB here is 2^20 bytes.
 """
@@ -156,12 +159,15 @@ def slope_per_100(steps: list[float], values: list[float]) -> float:
     return 100 * statistics.linear_regression(steps, values).slope
 
 
-def summary(rows: list[dict]) -> list[tuple[str, int, float, float, float]]:
-    """Per role: processes, RSS after the warm-up, at the last step, slope (MB per 100 steps)."""
-    warm = [row for row in rows if row["step"] > rows[-1]["step"] // 10] or rows
+def summary(rows: list[dict], warm_up: float) -> list[tuple[str, int, float, float, float]]:
+    """Per role: processes, RSS after the warm-up (the first ``warm_up`` share of the readings), at
+    the last step, and the slope over the readings after the warm-up (MB per 100 steps)."""
+    warm = rows[int(len(rows) * warm_up):] or rows
     roles = sorted({role for row in rows for role in row["rss_mb"]}, key=lambda r: -warm[-1]["rss_mb"].get(r, 0))
     series = {role: [row["rss_mb"].get(role, 0.0) for row in warm] for role in roles}
     series["object store"] = [row["object_store_mb"] for row in warm]
+    for name in warm[-1].get("ray_own_mb", {}):
+        series[f"  of Ray's own: {name}"] = [row.get("ray_own_mb", {}).get(name, 0.0) for row in warm]
     steps = [float(row["step"]) for row in warm]
     return [(role, warm[-1]["processes"].get(role, 0), values[0], values[-1], slope_per_100(steps, values))
             for role, values in series.items()]
@@ -192,24 +198,30 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path("runs/soak"))
     parser.add_argument("--plot", type=Path, default=None, help="write the curves here (a .png)")
+    parser.add_argument("--warm-up", type=float, default=0.3, help="the share of the readings left out of the slopes")
+    parser.add_argument("--report-only", action="store_true", help="read OUT/memory.jsonl, run nothing")
     args = parser.parse_args()
     run_dir, log = args.out / "run", args.out / "memory.jsonl"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    job = load_config(TrainJob, EXAMPLE, overrides(args.steps, run_dir, resume=(run_dir / "run.json").is_file()))
-    sampler = Sampler(run_dir, log)
-    sampler.start()
-    try:
-        run_train(job, progress=False)
-    finally:
-        sampler.stop.set()
-        sampler.join()
-    sampler.poll()  # the last step, if the run ended before the sampler saw it (Ray is still up)
+    if not args.report_only:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        job = load_config(TrainJob, EXAMPLE, overrides(args.steps, run_dir, resume=(run_dir / "run.json").is_file()))
+        sampler = Sampler(run_dir, log)
+        sampler.start()
+        try:
+            run_train(job, progress=False)
+        finally:
+            sampler.stop.set()
+            sampler.join()
+        sampler.poll()  # the last step, if the run ended before the sampler saw it (Ray is still up)
     rows = load(log)
-    print(f"{len(rows)} readings, steps {rows[0]['step']}-{rows[-1]['step']}; "
-          f"warm-up: the first {rows[-1]['step'] // 10} steps")
+    if not rows:
+        raise SystemExit(f"{log}: no readings")
+    skipped = int(len(rows) * args.warm_up)
+    print(f"{len(rows)} readings, steps {rows[0]['step']}-{rows[-1]['step']}; slopes from step "
+          f"{rows[min(skipped, len(rows) - 1)]['step']} (the first {args.warm_up:.0%} of the readings left out)")
     print("| role | processes | RSS after warm-up (MB) | at the last step (MB) | slope (MB / 100 steps) |")
     print("|---|---|---|---|---|")
-    for role, processes, first, last, slope in summary(rows):
+    for role, processes, first, last, slope in summary(rows, args.warm_up):
         print(f"| {role} | {processes or ''} | {first:.0f} | {last:.0f} | {slope:+.1f} |")
     if args.plot:
         plot(rows, args.plot)
