@@ -46,6 +46,9 @@ from rollout.workers import WorkerSpec
 log = logging.getLogger(__name__)
 
 
+TASK_EVENTS_VARIABLE = "RAY_task_events_max_num_task_in_gcs"
+
+
 @dataclass
 class RayConfig:
     address: str = ""  # "" = start a local Ray (or join the one RAY_ADDRESS / `ray job submit` names)
@@ -173,10 +176,12 @@ def init_ray(cfg: RayConfig, logs: Path | None = None) -> None:
         return
     joining = bool(cfg.address or os.environ.get("RAY_ADDRESS"))
     runtime_env = worker_runtime_env(logs) if logs is not None and not joining else None
+    if not joining:  # read by the GCS this start launches (an environment variable, not _system_config,
+        # which Ray refuses if it finds a `ray start` cluster to connect to instead)
+        os.environ[TASK_EVENTS_VARIABLE] = str(cfg.task_events)
     ray.init(address=cfg.address or None, num_cpus=None if joining else cfg.num_cpus,
              include_dashboard=False if not joining else None, log_to_driver=True, configure_logging=False,
-             runtime_env=runtime_env,
-             _system_config=None if joining else {"task_events_max_num_task_in_gcs": cfg.task_events})
+             runtime_env=runtime_env)
 
 
 def expert_engine(engine: EngineConfig, data: DatasetConfig) -> EngineConfig:

@@ -171,19 +171,22 @@ def test_a_second_env_runs_through_the_same_rollout(ray_local: None, tmp_path: P
 
 def test_a_local_ray_keeps_a_bounded_number_of_task_records(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every actor call leaves a record in the GCS until ``ray.task_events`` are kept (Ray's own
-    default, 100,000, is ~330 MB a long run reaches): a local Ray gets the bound, a joined cluster
-    keeps its own settings."""
+    default, 100,000, is ~330 MB a long run reaches): a local Ray's GCS is started with the bound, a
+    joined cluster keeps its own settings."""
+    import os
+
     import ray
 
-    from cluster.rollout import RayConfig, init_ray
+    from cluster.rollout import TASK_EVENTS_VARIABLE, RayConfig, init_ray
 
-    started: list[dict] = []
+    started: list[str | None] = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: started.append(kwargs))
+    monkeypatch.setattr(ray, "init", lambda **_: started.append(os.environ.get(TASK_EVENTS_VARIABLE)))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    init_ray(RayConfig(num_cpus=2))
+    monkeypatch.delenv(TASK_EVENTS_VARIABLE, raising=False)
     init_ray(RayConfig(address="127.0.0.1:6379"))
-    assert started[0]["_system_config"] == {"task_events_max_num_task_in_gcs": 10_000}
-    assert started[1]["_system_config"] is None
+    init_ray(RayConfig(num_cpus=2, task_events=500))
+    assert started == [None, "500"]
+    assert RayConfig().task_events == 10_000
     with pytest.raises(ValueError, match="task_events"):
         RayConfig(task_events=0)
