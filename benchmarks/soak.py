@@ -52,11 +52,11 @@ from cluster.train import TrainJob, run_train
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
 MB = 1 << 20
 
+DRIVER, RAY_OWN = "driver", "Ray's own processes"
 ROLES = {"RolloutWorker": "rollout workers", "EngineActor": "engines", "RewardWorker": "reward workers",
          "PolicyWorker": "learner", "MemoryStoreActor": "store", "IDLE": "idle Ray workers",
-         "DashboardAgent": "Ray's own processes", "RuntimeEnvAgent": "Ray's own processes"}
+         "DashboardAgent": RAY_OWN, "RuntimeEnvAgent": RAY_OWN}
 """The role of a Ray actor's process, by its class (another actor's class is its own role)."""
-DRIVER, RAY_OWN = "driver", "Ray's own processes"
 _TITLE = re.compile(r"^ray::(\w+)")
 
 
@@ -94,10 +94,7 @@ def reading(step: int) -> dict[str, object]:
     for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
         try:
             role, size = role_of(process), process.memory_info().rss
-            name = process.cmdline()[0].rsplit("/", 1)[-1] if role == RAY_OWN else ""
-            if name == "python":  # Ray's Python services: name them by their script
-                name = process.cmdline()[-1].rsplit("/", 1)[-1] if len(process.cmdline()) < 3 else \
-                    next((arg.rsplit("/", 1)[-1] for arg in process.cmdline() if arg.endswith(".py")), name)
+            name = service_name(process.cmdline()) if role == RAY_OWN else ""
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # it ended between the listing and the reading
         rss[role] += size / MB
@@ -106,6 +103,12 @@ def reading(step: int) -> dict[str, object]:
             ray_own[name] += size / MB
     return {"step": step, "rss_mb": dict(rss), "processes": dict(count), "object_store_mb": object_store_mb(),
             "ray_own_mb": dict(ray_own)}
+
+
+def service_name(cmdline: list[str]) -> str:
+    """A Ray service's name: its executable's (``raylet``), or a Python service's script's."""
+    script = next((arg for arg in cmdline if arg.endswith(".py")), None)
+    return (script or cmdline[0]).rsplit("/", 1)[-1]
 
 
 def object_store_mb() -> float:
