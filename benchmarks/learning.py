@@ -55,7 +55,13 @@ ITER = ["rollout.context.kind=iter_research", "estimator.name=gspo_round", "lear
 MULTIHOP_MIX = json.dumps(MULTIHOP_TASKS)  # the split the warm start was built for (cluster/warm_start.py)
 MULTIHOP = [f"rollout.data.options={MULTIHOP_MIX}", f"eval_data.options={MULTIHOP_MIX}",
             "rollout.episode.env.max_turns=8", "rollout.episode.context_budget=4096", "steps=20", "eval_every=10"]
-MULTIHOP_ARMS = ("mh_grpo", "mh_igpo", "mh_igpo_every", "mh_abc_grpo")
+MULTIHOP_ARMS = ("mh_grpo", "mh_igpo", "mh_igpo_every", "mh_abc_grpo", "mh_grpo_unanswered0", "mh_igpo_unanswered0")
+# The fix tried from the first runs' reading (item 4): in a group whose answers are all wrong, the
+# format rule's -1 for an episode the turn limit cut was the only spread, and GRPO learnt to answer
+# sooner. These arms score a cut episode 0, as a wrong answer (docs/algorithms.md §3).
+UNANSWERED0 = "estimator.options={penalise_unanswered: false}"
+# Whom each multi-hop arm is compared with after the last step: GRPO under the same outcome rule.
+BASELINE = {"mh_igpo_unanswered0": "mh_grpo_unanswered0"}
 
 # The fault drill (issue 37): the toolbox fails 30% of the tool calls as an unavailable service would
 # (the environment's fault), with no retry (with the default 3 attempts only 2.7% of calls would
@@ -92,6 +98,10 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "mh_igpo_every": ("multi-hop: IG at every turn boundary (ig_tools=[])",
                       [*MULTIHOP, IG, "estimator.name=igpo", "estimator.options={ig_tools: []}"]),
     "mh_abc_grpo": ("multi-hop: ABC-GRPO, heuristic clue judge", [*MULTIHOP, CLUES, "estimator.name=abc_grpo"]),
+    "mh_grpo_unanswered0": ("multi-hop: GRPO, a cut episode scored as a wrong answer (penalise_unanswered=false)",
+                            [*MULTIHOP, UNANSWERED0]),
+    "mh_igpo_unanswered0": ("multi-hop: IGPO, a cut episode scored as a wrong answer (penalise_unanswered=false)",
+                            [*MULTIHOP, IG, "estimator.name=igpo", UNANSWERED0]),
 }
 # The arms that start from another model than the warm start, built once into OUT/models/NAME
 # (`turnstile build-model NAME`, resumable). The warm start never writes the <report> an
@@ -162,6 +172,9 @@ def run_summary(out: Path) -> dict[str, object]:
             # per training step, the share of groups whose samples all got the same outcome
             "uniform": {int(row["step"]): row["reward/uniform_groups"] for row in data["history"]
                         if "reward/uniform_groups" in row},
+            # per training step, the share of groups with no correct sample
+            "all_wrong": {int(row["step"]): row["reward/all_wrong_groups"] for row in data["history"]
+                          if "reward/all_wrong_groups" in row},
             # per evaluation, accuracy by the questions' hop count
             "hops": {int(row["step"]): {key.removeprefix("eval/accuracy_hops"): value for key, value in row.items()
                                         if key.startswith("eval/accuracy_hops")}
@@ -173,13 +186,16 @@ def run_summary(out: Path) -> dict[str, object]:
             "wall_s": _previous_wall(out)}
 
 
+STEP_FIELDS = ("evals", "format", "uniform", "all_wrong", "hops", "environment")  # keyed by step
+
+
 def load_record(record: Path) -> dict[str, dict[int, dict[str, object]]]:
     """Arm -> seed -> run summary, as committed (JSON keys are strings; steps and seeds come back as ints)."""
     if not record.is_file():
         return {}
     raw = json.loads(record.read_text())
     return {arm: {int(seed): {**run, **{field: {int(k): v for k, v in run.get(field, {}).items()}
-                                        for field in ("evals", "format", "uniform", "hops", "environment")}}
+                                        for field in STEP_FIELDS}}
                   for seed, run in seeds.items()} for arm, seeds in raw.items()}
 
 
@@ -279,15 +295,17 @@ def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float]
 
 def multihop_table(results: dict[str, dict[str, Any]]) -> list[str]:
     """The multi-hop comparison: each arm's held-out accuracy before and after, by hop count, its
-    difference from GRPO after the last step with the 95% Welch interval over seeds, and the share of
-    training groups whose samples all got the same outcome (mean over steps and seeds)."""
+    difference from GRPO under the same outcome rule (``BASELINE``; the fixed GRPO against the
+    first) after the last step with the 95% Welch interval over seeds, and the share of
+    training groups with no correct sample and of those whose samples all got the same outcome (the
+    outcome reward's, before the estimator's format rule; mean over steps and seeds)."""
     lines = ["| arm | seeds | held-out % before | after | after, 2 / 3 hops | vs GRPO after (points, 95% Welch) | "
-             "same-outcome groups % | turns per episode | wall per run (min) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "all-wrong groups % | same-outcome groups % | turns per episode | wall per run (min) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     finals = {arm: [r["evals"][max(r["evals"])] for r in entry["seeds"].values()]
               for arm, entry in results.items()}
-    grpo = finals.get("mh_grpo", [])
     for arm, entry in results.items():
+        grpo = finals.get(BASELINE.get(arm, "mh_grpo"), [])
         runs = list(entry["seeds"].values())
         before = [r["evals"][0] for r in runs]
         by_hops = [r["hops"].get(max(r["evals"]), {}) for r in runs]
@@ -297,8 +315,9 @@ def multihop_table(results: dict[str, dict[str, Any]]) -> list[str]:
             difference, low, high = welch_interval(finals[arm], grpo)
             versus = f"{difference * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]"
         uniform = [value for r in runs for value in r.get("uniform", {}).values()]
+        all_wrong = [value for r in runs for value in r.get("all_wrong", {}).values()]
         lines.append(f"| {arm}: {entry['label']} | {len(runs)} | {_mean_std(before)} | {_mean_std(finals[arm])} | "
-                     f"{hops} | {versus} | {_mean_std(uniform)} | "
+                     f"{hops} | {versus} | {_mean_std(all_wrong)} | {_mean_std(uniform)} | "
                      f"{statistics.fmean(r['turns'] for r in runs):.1f} | "
                      f"{statistics.fmean(r['wall_s'] for r in runs) / 60:.1f} |")
     return lines

@@ -25,6 +25,8 @@ from learner.credit import (
     AbcGrpoOptions,
     Estimator,
     Group,
+    GrpoOptions,
+    GspoRoundOptions,
     IgpoOptions,
     Norm,
     build_estimator,
@@ -190,3 +192,32 @@ def test_a_group_whose_information_gains_differ_only_by_rounding_gets_no_turn_cr
     for options in (IgpoOptions(), IgpoOptions(ig_tools=[]), IgpoOptions(norm=Norm.separate)):
         [rows] = advantages(build_estimator("igpo", options), [group_of(objects)])
         assert all(a == 0.0 for row in rows for a in row), (options.norm, rows)
+
+
+# ---- an episode cut by the limits ---------------------------------------------------------------
+
+def all_wrong_group() -> Group:
+    """The all-wrong group of the multi-hop campaign: two wrong answers after three turns, two
+    episodes the turn limit ended after eight (well formed throughout), one malformed answer attempt."""
+    def episode(length: int, stop: str, last_ok: bool = True) -> dict:
+        turns = [{"tool": "search", "ig_value": -4.0} for _ in range(length - 1)]
+        return {"uid": "q", "outcome": 0.0 if stop == "answered" else -1.0, "stop_reason": stop,
+                "turns": [*turns, {"tool": None, "ig_value": -4.0, "format_ok": last_ok}]}
+    return group_of([episode(3, "answered"), episode(3, "answered"), episode(8, "no_answer"),
+                     episode(8, "no_answer"), episode(2, "malformed_answer", last_ok=False)])
+
+
+@pytest.mark.parametrize(("name", "options"), [
+    ("grpo", GrpoOptions), ("gspo_round", GspoRoundOptions), ("igpo", IgpoOptions)])
+def test_a_cut_episode_can_score_as_a_wrong_answer(name: str, options: type) -> None:
+    """By default an episode the limits ended unanswered pays the format penalty, so in a group
+    whose answers are all wrong answering sooner is credited above searching on (what GRPO learnt on
+    the multi-hop split, docs/benchmarks/learning.md). ``penalise_unanswered=false`` scores it 0, as
+    the wrong answers: they get the same advantage; the malformed attempt still pays."""
+    group = all_wrong_group()
+    [rows] = advantages(build_estimator(name, options()), [group])
+    wrong, cut, malformed = rows[0][0], rows[2][0], rows[4][0]
+    assert wrong > 0 > cut
+    [rows] = advantages(build_estimator(name, options(penalise_unanswered=False)), [group])
+    assert rows[0][0] == pytest.approx(rows[2][0]) and rows[0][0] > 0 > rows[4][0]
+    assert malformed < 0

@@ -46,6 +46,7 @@ def check_gamma(value: float) -> None:
 @dataclass
 class GrpoOptions:
     format_penalty: float = 1.0  # λ_fmt: outcome of an unanswered or badly formatted answer (§3)
+    penalise_unanswered: bool = True  # false: only a malformed answer pays λ_fmt; a cut episode scores 0
 
     def __post_init__(self) -> None:
         check_format_penalty(self.format_penalty)
@@ -67,7 +68,8 @@ class Grpo(Estimator):
     def assign(self, batch: Sequence[Group]) -> CreditResult:
         credit: list[GroupCredit] = []
         for group in batch:
-            outcomes = [t.outcome_reward(self.options.format_penalty) for t in group.trajectories]
+            outcomes = [t.outcome_reward(self.options.format_penalty, self.options.penalise_unanswered)
+                        for t in group.trajectories]
             normalized = group_normalize(outcomes)
             group_credit: GroupCredit = []
             for trajectory, outcome, advantage in zip(group.trajectories, outcomes, normalized, strict=True):
@@ -146,6 +148,7 @@ def _step_scores(trajectory: Trajectory) -> list[float]:
 @dataclass
 class GspoRoundOptions:
     format_penalty: float = 1.0  # λ_fmt: outcome of an unanswered or badly formatted answer (§3)
+    penalise_unanswered: bool = True  # false: only a malformed answer pays λ_fmt; a cut episode scores 0
 
     def __post_init__(self) -> None:
         check_format_penalty(self.format_penalty)
@@ -167,7 +170,8 @@ class GspoRound(Estimator):
     def assign(self, batch: Sequence[Group]) -> CreditResult:
         credit: list[GroupCredit] = []
         for group in batch:
-            outcomes = [t.outcome_reward(self.options.format_penalty) for t in group.trajectories]
+            outcomes = [t.outcome_reward(self.options.format_penalty, self.options.penalise_unanswered)
+                        for t in group.trajectories]
             rounds = [outcome for t, outcome in zip(group.trajectories, outcomes, strict=True)
                       for _ in t.turns]
             normalized = iter(group_normalize(rounds))

@@ -46,6 +46,7 @@ class IgpoOptions:
     eta: float = 0.3  # IG-Scale floor of the mean |normalised outcome|
     s_max: float = 10.0  # IG-Scale cap
     format_penalty: float = 1.0  # λ_fmt; 0 turns the format penalty off (turn and outcome)
+    penalise_unanswered: bool = True  # false: only a malformed answer pays λ_fmt; a cut episode scores 0
     ig_tools: list[str] = field(default_factory=lambda: ["visit"])  # [] = every turn boundary
     ig_type: IgType = IgType.log_prob_diff
 
@@ -154,7 +155,7 @@ class Igpo(Estimator):
         rewards: Rewards = []
         for turn, gain in zip(trajectory.turns[:-1], gains, strict=False):
             rewards.append(-penalty if penalty > 0 and not turn.format_ok else gain)
-        rewards.append(trajectory.outcome_reward(penalty))
+        rewards.append(trajectory.outcome_reward(penalty, self.options.penalise_unanswered))
         return rewards
 
 

@@ -53,16 +53,20 @@ class Trajectory:
     turns: tuple[Turn, ...]
     fields: Mapping[str, object]  # the trajectory as read, extra keys included
 
-    def outcome_reward(self, format_penalty: float) -> float:
+    def outcome_reward(self, format_penalty: float, penalise_unanswered: bool = True) -> float:
         """The outcome as trained on (docs/algorithms.md §3).
 
         An unanswered trajectory, or one whose answer turn failed the format check, gets
         ``−format_penalty`` whatever its recorded outcome; ``format_penalty = 0`` turns the penalty
-        off and keeps the recorded outcome.
+        off and keeps the recorded outcome. With ``penalise_unanswered`` off only a malformed answer
+        attempt (``stop_reason: malformed_answer``) pays it; an episode a limit ended before it
+        answered scores 0, as a wrong answer does.
         """
-        if format_penalty > 0 and (not self.answered or not self.turns[-1].format_ok):
+        if format_penalty <= 0 or (self.answered and self.turns[-1].format_ok):
+            return self.outcome
+        if penalise_unanswered or self.fields.get("stop_reason") == "malformed_answer":
             return -format_penalty
-        return self.outcome
+        return 0.0
 
     def turn_numbers(self, name: str, *, why: str) -> list[float | None]:
         """Field ``name`` of every turn, as floats.
