@@ -14,6 +14,13 @@ test).
 
     .venv/bin/python benchmarks/signal_diagnostics.py [--tasks 64] [--trajectories OUT/eval/step0.jsonl]
 
+``--all-wrong RUN [RUN ...]`` reads training runs instead (``turnstile train`` output directories):
+in every step's credited samples (``RUN/scored``), the groups with no correct answer, turn by turn:
+where the information gain, the step scores and the advantages landed on the turns that read a clue
+page, the searches that list one, the other tool turns, the wrong answers and the last turns of the
+episodes a limit cut; and the first-turn advantage of a wrong answer against a cut episode (what
+answering sooner earns where every answer is wrong).
+
 ``--advantages A.jsonl B.jsonl ...`` instead compares what each estimator tells the policy about
 opening a page: in files credited by ``turnstile score`` (the same trajectories, one estimator
 each), the first turn's advantage of the episodes that visit a page against those that do not,
@@ -79,7 +86,7 @@ def split_turns(trajectories: list[Trajectory], tasks: dict[str, Task]) -> dict[
     out: dict[str, dict[str, list[float]]] = {name: {group: [] for group in GROUPS} for name in ("ig", "step_score")}
     for trajectory in trajectories:
         task = tasks[trajectory.task_id]
-        urls = {url for clue in task.clues for url in clue.evidence_urls}
+        urls = {url for clue in task.clues or () for url in clue.evidence_urls}
         turns = trajectory.turns
         for turn, following in itertools.pairwise(turns):
             if not turn.tool:
@@ -110,6 +117,72 @@ def visit_advantages(trajectories: list[Trajectory]) -> dict[str, float]:
             "groups_with_both": len(within), "within_mean": statistics.fmean(within) if within else math.nan}
 
 
+ALL_WRONG_KINDS = (*GROUPS, "wrong answer", "last turn, cut episode")
+
+
+def all_wrong_turns(run: Path) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[float]], int, int]:
+    """Over every step of a run, the turns of the groups with no correct sample, by kind: the IG the
+    estimator credited (``ig``), the step score and the advantage; the first-turn advantage and the
+    length of the wrong answers and of the cut episodes; the number of such groups and of all groups."""
+    from omegaconf import OmegaConf
+
+    from rollout.summary import is_correct
+    from rollout.trajectory import load_trajectories
+
+    config = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=True)
+    data = DatasetConfig(**config["rollout"]["data"])  # type: ignore[arg-type, index, call-overload]
+    by_kind: dict[str, dict[str, list[float]]] = {kind: {"ig": [], "step_score": [], "advantage": []}
+                                                  for kind in ALL_WRONG_KINDS}
+    episodes: dict[str, list[float]] = {"wrong answer: first-turn advantage": [], "wrong answer: turns": [],
+                                        "cut: first-turn advantage": [], "cut: turns": []}
+    wrong_groups = total_groups = 0
+    for path in sorted((run / "scored").glob("step*.jsonl")):
+        trajectories = load_trajectories(path)
+        tasks = find_tasks(data, trajectories)
+        groups: dict[str, list[Trajectory]] = {}
+        for trajectory in trajectories:
+            groups.setdefault(trajectory.uid, []).append(trajectory)
+        total_groups += len(groups)
+        for group in groups.values():
+            if any(is_correct(t) for t in group):
+                continue
+            wrong_groups += 1
+            for trajectory in group:
+                answered = trajectory.stop_reason.value == "answered"
+                urls = {url for clue in tasks[trajectory.task_id].clues or () for url in clue.evidence_urls}
+                turns = trajectory.turns
+                prefix = "wrong answer" if answered else "cut"
+                if turns and turns[0].advantage is not None:
+                    episodes[f"{prefix}: first-turn advantage"].append(turns[0].advantage)
+                episodes[f"{prefix}: turns"].append(float(len(turns)))
+                for position, turn in enumerate(turns):
+                    if position == len(turns) - 1:
+                        kind = "wrong answer" if answered else "last turn, cut episode"
+                    else:
+                        kind = turn_group(turn.tool, turn.arguments, turn.observation_text, urls)
+                    for name, value in (("ig", turn.ig), ("step_score", turn.step_score),
+                                        ("advantage", turn.advantage)):
+                        if value is not None:
+                            by_kind[kind][name].append(float(value))
+    return by_kind, episodes, wrong_groups, total_groups
+
+
+def print_all_wrong(runs: list[str]) -> None:
+    def cell(values: list[float]) -> str:
+        return f"{statistics.fmean(values):+.3f} ({len(values)})" if values else "-"
+
+    for run in runs:
+        by_kind, episodes, wrong, total = all_wrong_turns(Path(run))
+        print(f"\n{run}: {wrong} of {total} training groups had no correct sample")
+        print("| turn | information gain credited (n) | step score (n) | advantage (n) |")
+        print("|---|---|---|---|")
+        for kind, values in by_kind.items():
+            print(f"| {kind} | {cell(values['ig'])} | {cell(values['step_score'])} | {cell(values['advantage'])} |")
+        print("| episode | mean (n) |\n|---|---|")
+        for name, figures in episodes.items():
+            print(f"| {name} | {cell(figures)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=64)
@@ -118,7 +191,12 @@ def main() -> None:
                         "out/eval/step0.jsonl: the warm policy's own turns, right and wrong)")
     parser.add_argument("--advantages", nargs="*", default=[], help="credited files (turnstile score) to "
                         "compare: first-turn advantage of the episodes that open a page vs the others")
+    parser.add_argument("--all-wrong", nargs="*", default=[], help="train runs' output directories: where "
+                        "the signals landed, turn by turn, in the groups with no correct sample")
     args = parser.parse_args()
+    if args.all_wrong:
+        print_all_wrong(args.all_wrong)
+        return
     if args.advantages:
         from rollout.trajectory import load_trajectories
 
