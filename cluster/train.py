@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 import random
 import time
 import uuid
@@ -52,6 +51,7 @@ from cluster.score import EstimatorEntry, find_tasks
 from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
 from envs.datasets.registry import DatasetConfig
+from envs.files import atomic_write
 from envs.tasks import Task
 from learner.credit import estimator_class, estimator_from_options
 from learner.credit.assign import assign_credit
@@ -555,11 +555,10 @@ async def _score(job: TrainJob, specs: list[RewardSpec], trajectories: list[Traj
 
 
 def _save_state(out: Path, state: RunState) -> None:
-    tmp = out / "run.json.tmp"
-    tmp.write_text(json.dumps({"step": state.step, "weights_version": state.weights_version,
+    with atomic_write(out / "run.json") as file:
+        file.write(json.dumps({"step": state.step, "weights_version": state.weights_version,
                                "cursor": state.cursor, "accepted": state.accepted,
                                "dropped_stale": state.dropped_stale, "history": state.history}))
-    os.replace(tmp, out / "run.json")
 
 
 def _load_state(out: Path) -> RunState:

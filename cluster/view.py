@@ -30,6 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, TypedDict
 
+from envs.files import atomic_write
 from envs.tools.base import JsonObject, JsonValue
 from rollout.summary import is_correct
 from rollout.trajectory import Trajectory, TrajectoryError, Turn
@@ -304,25 +305,18 @@ def write_page(sources: Sequence[Source], out: Path) -> PageSummary:
     """Write the page for ``sources`` to ``out`` (replaced only once complete)."""
     head, tail = page_template()
     summary = PageSummary(path=out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_name(out.name + ".partial")
-    try:
-        # A lone surrogate (a JSON "\ud800" in the input) cannot be encoded as UTF-8; written back as
-        # its JSON escape it is what the input said, and it only occurs inside JSON strings.
-        with partial.open("w", encoding="utf-8", errors="backslashreplace") as page:
-            page.write(head)
-            listings = [embed_source(source, page, summary) for source in sources]
-            if summary.trajectories == 0:
-                raise ViewError(f"{', '.join(s.label for s in sources)}: no trajectories in "
-                                f"{'this file' if len(sources) == 1 else 'these files'}")
-            index = {"turn_fields": list(TURN_FIELDS), "sources": listings,
-                     "default_source": default_source(sources)}
-            page.write(f'<script type="application/json" id="turnstile-index">{embed_json(index)}</script>\n')
-            page.write(tail)
-        partial.replace(out)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+    # A lone surrogate (a JSON "\ud800" in the input) cannot be encoded as UTF-8; written back as
+    # its JSON escape it is what the input said, and it only occurs inside JSON strings.
+    with atomic_write(out, errors="backslashreplace") as page:
+        page.write(head)
+        listings = [embed_source(source, page, summary) for source in sources]
+        if summary.trajectories == 0:
+            raise ViewError(f"{', '.join(s.label for s in sources)}: no trajectories in "
+                            f"{'this file' if len(sources) == 1 else 'these files'}")
+        index = {"turn_fields": list(TURN_FIELDS), "sources": listings,
+                 "default_source": default_source(sources)}
+        page.write(f'<script type="application/json" id="turnstile-index">{embed_json(index)}</script>\n')
+        page.write(tail)
     summary.bytes = out.stat().st_size
     return summary
 

@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 from cluster.rollout import RolloutConfig, run_rollout
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.env import EnvConfig
+from envs.files import atomic_directory, atomic_path
 from envs.synthetic.expert import ExpertConfig
 from rollout.context import ContextConfig
 from rollout.episode import EpisodeConfig
@@ -209,9 +210,8 @@ def build_warm_model(target: Path, recipe: WarmStartRecipe | None = None, *, nam
         started = time.monotonic()
         trajectories = expert_trajectories(recipe, work / "expert-run.jsonl", progress=progress)
         data_s = time.monotonic() - started
-        save_trajectories(trajectories, work / "expert.partial.jsonl")
         timing.write_text(f"{data_s:.1f}\n")
-        (work / "expert.partial.jsonl").rename(data)
+        save_trajectories(trajectories, data)  # the data last: with it, both files are there
     built = train_warm_model(target, trajectories, recipe, name=name, data_seconds=data_s,
                              progress=progress, checkpoint=work / "train.pt")
     shutil.rmtree(work, ignore_errors=True)
@@ -236,9 +236,7 @@ def train_warm_model(target: Path, trajectories: list[Trajectory], recipe: WarmS
     """Stage the SFT of the recipe's base model on the expert's ``trajectories`` and its record,
     then move the directory to ``target`` (replacing it)."""
     base = Path(resolve_model(recipe.base))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with atomic_directory(target, force=True) as staging:
         sequences = training_sequences(trajectories, recipe.max_length)
         report = train_sft(base, sequences, recipe, staging, progress=progress, monitor=monitor,
                            checkpoint=checkpoint)
@@ -256,13 +254,6 @@ def train_warm_model(target: Path, trajectories: list[Trajectory], recipe: WarmS
             "check": rebuild_record(base, sequences, recipe),
         }
         (staging / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n")
-        staging.chmod(0o755)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return target
 
 
@@ -424,8 +415,8 @@ def train_sft(base: Path, sequences: list[tuple[list[int], list[int]]], recipe: 
                  "runs_rng": runs.rng.getstate(), "torch_rng": torch.get_rng_state(), "order": order,
                  "step": step, "trace": trace, "tokens": tokens,
                  "seconds": spent + time.monotonic() - started}
-        torch.save(state, checkpoint.with_suffix(".partial"))
-        checkpoint.with_suffix(".partial").replace(checkpoint)
+        with atomic_path(checkpoint) as temporary:
+            torch.save(state, temporary)
 
     if saved is None:
         save(0)

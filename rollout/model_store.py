@@ -22,18 +22,16 @@ on first use like ``tiny-qwen3``.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rollout.model_packages import PACKAGED_MODELS
+from envs.files import atomic_directory
+from rollout.model_packages import BUILD_INFO, PACKAGED_MODELS, build_packaged_model
 
 if TYPE_CHECKING:
     from envs.tools.base import JsonObject
@@ -47,7 +45,6 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
-BUILD_INFO = "turnstile-model.json"
 RUN_MODEL = "model"  # the policy a train or sft run saved last, in its output directory
 RANDOM_MODEL = "tiny-qwen3"  # the random-weight tiny model, built on first use
 SFT_MODEL = "tiny-qwen3-sft"  # the tiny model after SFT on the scripted expert, committed
@@ -111,8 +108,6 @@ def packaged_model_path(name: str) -> Path:
 def ensure_packaged_model(name: str) -> Path:
     """A packaged model's directory in the cache, converted first if it is missing (raises
     :class:`rollout.model_packages.PackageMissing` when its package is not installed)."""
-    from rollout.model_packages import build_packaged_model
-
     return _ensure_built(packaged_model_path(name), lambda target: build_packaged_model(target, name))
 
 
@@ -155,32 +150,10 @@ def committed_model_path(name: str = WARM_MODEL) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def staged_directory(target: Path, force: bool = False) -> Iterator[Path]:
-    """A staging directory beside ``target`` that becomes ``target`` when the block ends (its files
-    readable by all), or is removed when the block raises: a built model appears whole or not at
-    all. An existing ``target`` is replaced only with ``force``."""
-    if target.exists():
-        if not force:
-            raise FileExistsError(f"{target} exists; pass force=True (--force) to rebuild it")
-        shutil.rmtree(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        yield staging
-        for path in staging.iterdir():  # save_pretrained writes weights 0600
-            path.chmod(0o644)
-        staging.chmod(0o755)
-        staging.rename(target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
 def build_tiny_model(target: Path, spec: TinyModelSpec | None = None, force: bool = False) -> Path:
     """Train the tokenizer, initialise the model, and save both to ``target`` (atomically)."""
     spec = spec or TinyModelSpec()
-    with staged_directory(target, force) as staging:
+    with atomic_directory(target, force=force) as staging:
         tokenizer = train_tokenizer(spec)
         tokenizer.save_pretrained(staging)
         model = _init_model(spec, tokenizer)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, TypeVar
 
+from envs.files import atomic_write
 from envs.protocol import StopReason
 from envs.tools.base import Fault, JsonObject, JsonValue
 
@@ -127,19 +128,11 @@ class TrajectoryError(ValueError):
 def save_trajectories(trajectories: Iterable[Trajectory], path: str | Path) -> int:
     """Write one trajectory per line, replacing the file; returns the count. A trajectory that cannot
     be written (a NaN log-prob) fails the call and leaves no file behind."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as out:
-            for trajectory in trajectories:
-                write_trajectory(trajectory, out)
-                count += 1
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(path)  # a crash never leaves half a file under the real name
+    with atomic_write(path) as out:
+        for trajectory in trajectories:
+            write_trajectory(trajectory, out)
+            count += 1
     return count
 
 

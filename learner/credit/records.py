@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
+
+from envs.files import atomic_write
 
 
 class CreditInputError(ValueError):
@@ -242,16 +242,9 @@ def credited_records(groups: Sequence[Group], credit: Sequence[GroupCredit]) -> 
 
 def write_records(path: str | Path, records: Iterable[Mapping[str, object]]) -> None:
     """Write JSONL atomically, so an interrupted run never leaves half a file behind."""
-    target = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as file:
-            for record in records:
-                file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-        os.replace(temporary, target)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    with atomic_write(path) as file:
+        for record in records:
+            file.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def _turn(raw: object, index: int, where: str) -> Turn:
