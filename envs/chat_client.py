@@ -22,13 +22,13 @@ import hashlib
 import json
 import logging
 import os
-import random
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
+from envs.retry import backoff_s
 from envs.tools.base import JsonValue
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,8 @@ class ChatClient:
                 last = f"{error.kind}: {error}"
             if attempt < self.config.max_attempts:
                 self.stats.retries += 1
-                await asyncio.sleep(self._backoff(attempt))  # outside the semaphore
+                # outside the semaphore
+                await asyncio.sleep(backoff_s(attempt, self.config.backoff_s, self.config.backoff_max_s))
         self.stats.failures += 1
         raise ChatUnavailable(
             f"{self.config.base_url}: no reply from model {self.config.model!r} after "
@@ -199,10 +200,6 @@ class ChatClient:
         except (ValueError, KeyError, IndexError, TypeError) as error:
             raise _Retryable("bad_response", f"not a chat completion: {response.text[:200]}") from error
         return content if isinstance(content, str) else ""
-
-    def _backoff(self, attempt: int) -> float:
-        delay = min(self.config.backoff_s * 2 ** (attempt - 1), self.config.backoff_max_s)
-        return delay * (0.5 + random.random() / 2)
 
     async def aclose(self) -> None:
         if self._http is not None:

@@ -10,7 +10,6 @@ corpus server assigns its own, and ``url_prefix`` gives ``url_prefix + id``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,24 +36,6 @@ def read_corpus(path: str | Path, url_prefix: str | None = None,
             except ValueError as exc:
                 raise ValueError(f"{path}:{number}: {exc}") from None
     return documents
-
-
-def write_corpus(documents: Iterable[Document], path: str | Path) -> int:
-    """Write documents as JSONL and return how many; duplicate ids are an error (a server could
-    serve only one of them)."""
-    seen: set[str] = set()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as out:
-        for doc in documents:
-            if doc.doc_id in seen:
-                raise ValueError(f"{path}: duplicate document id {doc.doc_id!r}; ids must be unique")
-            seen.add(doc.doc_id)
-            row = {"id": doc.doc_id, "title": doc.title, "text": doc.text, "url": doc.url}
-            if doc.html is not None:
-                row["html"] = doc.html
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return len(seen)
 
 
 def _document(line: str, url_prefix: str | None, require_url: bool) -> Document:

@@ -100,11 +100,6 @@ def register_reward(name: str) -> Callable[[PluginClass], PluginClass]:
     return REWARDS.register(name)
 
 
-def reward_names() -> list[str]:
-    """Every plugin name known here: entry points of the installed packages and in-process ones."""
-    return REWARDS.names()
-
-
 def resolve_reward(kind: str) -> PluginClass:
     """The plugin class ``kind`` names (registered name or ``package.module:Class``)."""
     return REWARDS.load(kind)

@@ -51,12 +51,6 @@ def final_turn_penalty(trajectory: Trajectory, lambda_fmt: float = DEFAULT_LAMBD
     return None if well_formed_answer(trajectory) else -lambda_fmt
 
 
-def penalised_turns(trajectory: Trajectory) -> list[int]:
-    """Indices (``turn.index``) of the non-final turns that failed the format check."""
-    turns = trajectory.turns
-    return [turn.index for turn in turns[:-1] if not turn.format_ok]
-
-
 class FormatPenalty(RewardPlugin):
     """Writes ``turn.reward = −λ_fmt`` on every malformed non-final turn (and nothing elsewhere)."""
 

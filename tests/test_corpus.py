@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from envs.corpus import read_corpus, write_corpus
+from envs.corpus import read_corpus
 from envs.search.base import Document
+from tests.tools_for_tests import write_corpus
 
 
 def test_reads_ids_html_and_url_prefix(tmp_path: Path) -> None:
@@ -44,5 +45,3 @@ def test_missing_file_and_round_trip(tmp_path: Path) -> None:
     out = tmp_path / "sub" / "out.jsonl"
     assert write_corpus(docs, out) == 2
     assert read_corpus(out) == docs
-    with pytest.raises(ValueError, match="duplicate document id 'a'"):
-        write_corpus([docs[0], docs[0]], out)

@@ -122,19 +122,18 @@ def test_e5_renormalising_after_downsampling() -> None:
 
 
 def test_e5_gspo_sequence_ratio() -> None:
+    """GSPO's ratio as the learner computes it (``learner.batch.importance_ratios``): the geometric
+    mean over a round's response tokens, padding and observations masked out, differentiable."""
     torch = pytest.importorskip("torch")
-    from learner.credit.gspo import gspo_sequence_ratio
+    from learner.batch import importance_ratios
 
     case = json.loads((FIXTURES / "e5.expected.json").read_text())["gspo_ratio"]
-    new = torch.tensor(case["new"], dtype=torch.float64, requires_grad=True)
-    ratio = gspo_sequence_ratio(new, torch.tensor(case["old"], dtype=torch.float64))
+    new = torch.tensor([case["new"] + [0.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([case["old"] + [-9.0]], dtype=torch.float64)
+    [ratio] = importance_ratios(new, old, torch.tensor([[1, 1, 1, 0]]), per_sequence=True)
     assert abs(ratio.item() - case["ratio"]) <= TOLERANCE
     ratio.backward()
-    assert new.grad is not None and torch.all(new.grad > 0)
-    padded_new = torch.tensor([case["new"] + [0.0]], dtype=torch.float64)
-    padded_old = torch.tensor([case["old"] + [-9.0]], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 1, 0]])
-    assert abs(gspo_sequence_ratio(padded_new, padded_old, mask).item() - case["ratio"]) <= TOLERANCE
+    assert new.grad is not None and torch.all(new.grad[0, :3] > 0) and new.grad[0, 3] == 0
 
 
 def test_credit_is_wired_into_the_turnstile_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envs.corpus import read_corpus, write_corpus
+from envs.corpus import read_corpus
 from envs.corpus_server import CorpusServer
 from envs.datasets import (
     DatasetConfig,
@@ -24,6 +24,7 @@ from envs.datasets import (
 )
 from envs.search.base import Document
 from envs.search.local import LocalIndex
+from tests.tools_for_tests import write_corpus
 
 PREFIX = "http://127.0.0.1:8765/wiki/"
 

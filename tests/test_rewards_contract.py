@@ -25,12 +25,12 @@ from envs.tasks import Task
 from envs.tools.base import JsonValue
 from rewards.base import (
     ENTRY_POINT_GROUP,
+    REWARDS,
     RewardError,
     RewardPlugin,
     RewardSpec,
     build_reward,
     resolve_reward,
-    reward_names,
 )
 from rollout.chat import ChatFormat
 from rollout.engines.scripted import ScriptedEngine
@@ -53,7 +53,7 @@ BUILTIN = {
 
 def plugin_kinds() -> list[str]:
     """Every registered name, and the built-in import paths not (yet) registered by name."""
-    names = reward_names()
+    names = REWARDS.names()
     return sorted(set(names) | {path for name, path in BUILTIN.items() if name not in names})
 
 
@@ -154,7 +154,7 @@ async def test_in_process_registration() -> None:
     class DoublePenalty(FormatPenalty):
         """A plugin defined in a test: found by name without an entry point."""
 
-    assert "test_double_penalty" in reward_names()
+    assert "test_double_penalty" in REWARDS.names()
     assert isinstance(build_reward(RewardSpec("test_double_penalty")), DoublePenalty)
     with pytest.raises(RewardError, match="already registered"):
         register_reward("test_double_penalty")(FormatPenalty)

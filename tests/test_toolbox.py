@@ -197,3 +197,11 @@ async def test_redis_down_degrades_to_uncached_calls() -> None:
     outcome = await box.run("search", {"text": "z"})
     assert outcome.ok and outcome.text == "echo: z" and box.cache.stats.errors >= 1
     await box.aclose()
+
+
+def test_the_wait_between_attempts_doubles_up_to_its_cap_with_jitter() -> None:
+    from envs.retry import backoff_s, longest_backoff_s
+
+    assert [longest_backoff_s(a, 0.5, 3.0) for a in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    waits = [backoff_s(3, 0.5, 3.0) for _ in range(200)]
+    assert all(1.0 <= w <= 2.0 for w in waits) and len(set(waits)) > 100  # jittered within [½, 1] of it

@@ -17,6 +17,15 @@ from envs.tools.toolbox import Toolbox
 from envs.visit.extract import extract_text
 
 
+def write_corpus(documents: Sequence[Document], path: Path) -> int:
+    """Documents as the corpus JSONL that ``envs.corpus.read_corpus`` reads; returns how many."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": d.doc_id, "title": d.title, "text": d.text, "url": d.url, **({"html": d.html} if d.html else {})}
+            for d in documents]
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    return len(rows)
+
+
 class EchoTool:
     """Returns its 'text' argument; counts calls."""
 

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from envs.retry import backoff_s
 from envs.tools.base import Fault, JsonObject, Tool, ToolError, fault_of
 from envs.tools.cache import CacheConfig, ToolCache, build_cache, cache_key
 
@@ -142,11 +143,7 @@ class Toolbox:
             if not failure.retryable or attempt >= self.config.max_attempts:
                 return _failure(name, failure.kind, failure.message, attempt, failure.fault)
             self.metrics.retries += 1
-            await asyncio.sleep(self._backoff(attempt))
-
-    def _backoff(self, attempt: int) -> float:
-        delay = min(self.config.backoff_s * 2 ** (attempt - 1), self.config.backoff_max_s)
-        return delay * (0.5 + random.random() / 2)
+            await asyncio.sleep(backoff_s(attempt, self.config.backoff_s, self.config.backoff_max_s))
 
     async def aclose(self) -> None:
         if self._closed:

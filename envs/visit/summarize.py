@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import json5
 
 from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
+from envs.retry import longest_backoff_s
 from envs.tools.base import ToolError
 
 PROMPT = """You read a web page for a research agent. Find what in the page serves the agent's goal.
@@ -61,7 +62,7 @@ class ExtractorConfig(ChatClientConfig):
 
     def worst_case_s(self) -> float:
         """The longest a call can take: every attempt timing out, with the longest backoffs."""
-        waits = sum(min(self.backoff_s * 2 ** (attempt - 1), self.backoff_max_s)
+        waits = sum(longest_backoff_s(attempt, self.backoff_s, self.backoff_max_s)
                     for attempt in range(1, self.max_attempts))
         return self.max_attempts * self.timeout_s + waits
 

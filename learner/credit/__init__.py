@@ -5,8 +5,6 @@ other up by name (:mod:`learner.credit.registry`) and share one normalisation
 (:mod:`learner.credit.normalize`). Run one on a file with::
 
     turnstile credit --estimator igpo --in scored.jsonl --out credited.jsonl norm=joint
-
-:func:`learner.credit.gspo.gspo_sequence_ratio` (torch) is imported from its module directly.
 """
 
 from learner.credit import estimators as _estimators  # noqa: F401  (registers grpo, abc_grpo, gspo_round)
