@@ -17,7 +17,8 @@ test).
 ``--all-wrong RUN [RUN ...]`` reads training runs instead (``turnstile train`` output directories):
 in every step's credited samples (``RUN/scored``), the groups with no correct answer, turn by turn:
 where the information gain, the step scores and the advantages landed on the turns that read a clue
-page, the searches that list one, the other tool turns, the wrong answers and the last turns of the
+page, the searches that list one, the other tool turns, the failed tool calls (a page that does not
+exist, a refused call), the wrong answers and the last turns of the
 episodes a limit cut; and the first-turn advantage of a wrong answer against a cut episode (what
 answering sooner earns where every answer is wrong).
 
@@ -117,7 +118,7 @@ def visit_advantages(trajectories: list[Trajectory]) -> dict[str, float]:
             "groups_with_both": len(within), "within_mean": statistics.fmean(within) if within else math.nan}
 
 
-ALL_WRONG_KINDS = (*GROUPS, "wrong answer", "last turn, cut episode")
+ALL_WRONG_KINDS = (*GROUPS, "failed tool call", "wrong answer", "last turn, cut episode")
 
 
 def all_wrong_turns(run: Path) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[float]], int, int]:
@@ -158,6 +159,8 @@ def all_wrong_turns(run: Path) -> tuple[dict[str, dict[str, list[float]]], dict[
                 for position, turn in enumerate(turns):
                     if position == len(turns) - 1:
                         kind = "wrong answer" if answered else "last turn, cut episode"
+                    elif turn.tool_ok is False:  # a 404, a refused or malformed call: it read nothing
+                        kind = "failed tool call"
                     else:
                         kind = turn_group(turn.tool, turn.arguments, turn.observation_text, urls)
                     for name, value in (("ig", turn.ig), ("step_score", turn.step_score),
