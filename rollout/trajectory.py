@@ -35,11 +35,12 @@ T = TypeVar("T")
 @dataclass
 class Turn:
     index: int  # position in the trajectory (0-based, across segments)
-    response_ids: list[int]
-    response_logprobs: list[float]
-    weights_version: int
-    context_len: int  # tokens of the context the response was generated from
-    finish_reason: str
+    # A turn of a turn-record file (learner/credit/records.py) has no tokens: these default to none.
+    response_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
+    weights_version: int = 0
+    context_len: int = 0  # tokens of the context the response was generated from
+    finish_reason: str = "stop"
     response_text: str = ""
     action: str = "malformed"  # "tool_call" | "answer" | "malformed"
     tool: str | None = None
@@ -63,6 +64,11 @@ class Turn:
     step_score: float | None = None  # ABC step score (docs/algorithms.md §6)
     events: list[str] = field(default_factory=list)
     advantage: float | None = None
+
+    @property
+    def called_tool(self) -> str | None:
+        """The tool this turn called, None for an answer or a malformed turn."""
+        return self.tool if self.action == "tool_call" else None
 
 
 @dataclass

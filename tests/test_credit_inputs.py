@@ -190,7 +190,7 @@ def test_a_scored_rollout_file_is_a_turn_record_file(tmp_path: Path) -> None:
     assign_credit(rolled, estimator)
     groups = group_by_uid(read_trajectories(tmp_path / "scored.jsonl"))
     assert [t.answered for t in groups[0].trajectories] == [True, True, False]
-    assert [turn.tool for turn in groups[0].trajectories[0].turns] == ["search", "visit", None]
+    assert [turn.called_tool for turn in groups[0].trajectories[0].turns] == ["search", "visit", None]
     written = credited_records(groups, estimator.assign(groups).groups)
     assert [[turn["advantage"] for segment in row["segments"] for turn in segment["turns"]] for row in written] == \
         [[turn.advantage for turn in t.turns] for t in rolled]

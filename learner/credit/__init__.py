@@ -1,6 +1,7 @@
 """Credit assignment: per-turn advantages from scored trajectories (docs/algorithms.md §3–7).
 
-Framework-independent: estimators read turn records (:mod:`learner.credit.records`), look each
+Framework-independent: estimators read the rollout's trajectories (:mod:`rollout.trajectory`; a
+turn-record file, :mod:`learner.credit.records`, is read into the same type), look each
 other up by name (:mod:`learner.credit.registry`) and share one normalisation
 (:mod:`learner.credit.normalize`). Run one on a file with::
 
@@ -16,9 +17,8 @@ from learner.credit.records import (
     CreditInputError,
     Group,
     GroupCredit,
-    Trajectory,
+    Record,
     TrajectoryCredit,
-    Turn,
     TurnCredit,
     credited_records,
     group_by_uid,
@@ -51,9 +51,8 @@ __all__ = [
     "IgType",
     "IgpoOptions",
     "Norm",
-    "Trajectory",
+    "Record",
     "TrajectoryCredit",
-    "Turn",
     "TurnCredit",
     "abc_sft_weight",
     "assign_information_gain",

@@ -1,8 +1,8 @@
 """Credit assignment on the rollout's own trajectories, and the broadcast to tokens.
 
-The estimators read framework-independent turn records (``records.py``). This module makes those
-records from :class:`rollout.trajectory.Trajectory` objects (the same field names), writes the
-estimator's per-turn credit back onto the trajectories' turns, and turns a segment's turn advantages
+The estimators read :class:`rollout.trajectory.Trajectory` objects, the rollout's own (a turn-record
+file is read into the same type: ``records.py``). This module writes the estimator's per-turn credit
+onto the trajectories' turns, and turns a segment's turn advantages
 into per-token advantages: every response token carries its turn's advantage, prompt and observation
 tokens carry 0 (and are masked out of the loss).
 """
@@ -11,35 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from learner.credit.records import Group, group_by_uid, trajectory_from_object
+from learner.credit.records import group_by_uid
 from learner.credit.registry import CreditResult, Estimator
 from rollout.trajectory import Segment, Trajectory
 
 
-def turn_record(trajectory: Trajectory, line: int) -> dict[str, object]:
-    """The turn-record form of one trajectory (see ``records.py``)."""
-    if trajectory.outcome is None:
-        raise ValueError(f"trajectory {trajectory.uid}/{trajectory.sample} has no outcome yet: run "
-                         "an outcome reward plugin before credit assignment")
-    turns = []
-    for turn in trajectory.turns:
-        record: dict[str, object] = {"tool": turn.tool if turn.action == "tool_call" else None,
-                                     "format_ok": turn.format_ok, "ig_value": turn.ig_value}
-        if turn.step_score is not None:
-            record["step_score"] = turn.step_score
-        turns.append(record)
-    return {"uid": trajectory.uid, "outcome": trajectory.outcome, "answered": trajectory.answered,
-            "turns": turns, "line": line}
-
-
 def assign_credit(trajectories: Sequence[Trajectory], estimator: Estimator) -> CreditResult:
     """Run ``estimator`` over the batch and write ``advantage``, ``reward`` and ``ig`` onto the turns."""
-    records = [trajectory_from_object(turn_record(t, i + 1), i + 1) for i, t in enumerate(trajectories)]
-    groups: list[Group] = group_by_uid(records)
+    for trajectory in trajectories:
+        if trajectory.outcome is None:
+            raise ValueError(f"trajectory {trajectory.uid}/{trajectory.sample} has no outcome yet: run "
+                             "an outcome reward plugin before credit assignment")
+    groups = group_by_uid(trajectories)
     result = estimator.assign(groups)
     for group, group_credit in zip(groups, result.groups, strict=True):
-        for record, turn_credits in zip(group.trajectories, group_credit, strict=True):
-            trajectory = trajectories[record.line - 1]
+        for trajectory, turn_credits in zip(group.trajectories, group_credit, strict=True):
             for turn, credit in zip(trajectory.turns, turn_credits, strict=True):
                 turn.advantage = credit.advantage
                 turn.reward = credit.reward

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from envs.protocol import StopReason
 from learner.credit.normalize import (
     Norm,
     discount_over_boundaries,
@@ -19,8 +20,9 @@ from learner.credit.normalize import (
     normalize_pooled,
     normalize_separately,
 )
-from learner.credit.records import CreditInputError, Group, GroupCredit, Trajectory, TurnCredit
+from learner.credit.records import CreditInputError, Group, GroupCredit, TurnCredit, origin, turn_numbers
 from learner.credit.registry import CreditResult, Estimator, register
+from rollout.trajectory import Trajectory
 
 
 def abc_sft_weight(score: float) -> float:
@@ -41,6 +43,26 @@ def check_format_penalty(value: float) -> None:
 def check_gamma(value: float) -> None:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"gamma={value}: the discount must be in [0, 1]")
+
+
+def outcome_reward(trajectory: Trajectory, format_penalty: float, penalise_unanswered: bool = True) -> float:
+    """The outcome as trained on (docs/algorithms.md §3).
+
+    An unanswered trajectory, or one whose answer turn failed the format check, gets
+    ``−format_penalty`` whatever its recorded outcome; ``format_penalty = 0`` turns the penalty off
+    and keeps the recorded outcome. With ``penalise_unanswered`` off only a malformed answer attempt
+    (``stop_reason: malformed_answer``) pays it; an episode a limit ended before it answered scores
+    0, as a wrong answer does.
+    """
+    outcome = trajectory.outcome
+    if outcome is None:
+        raise CreditInputError(f"{origin(trajectory)} has no outcome yet: run an outcome reward plugin "
+                               "before credit assignment")
+    if format_penalty <= 0 or (trajectory.answered and trajectory.turns[-1].format_ok):
+        return outcome
+    if penalise_unanswered or trajectory.stop_reason is StopReason.MALFORMED_ANSWER:
+        return -format_penalty
+    return 0.0
 
 
 @dataclass
@@ -68,7 +90,7 @@ class Grpo(Estimator):
     def assign(self, batch: Sequence[Group]) -> CreditResult:
         credit: list[GroupCredit] = []
         for group in batch:
-            outcomes = [t.outcome_reward(self.options.format_penalty, self.options.penalise_unanswered)
+            outcomes = [outcome_reward(t, self.options.format_penalty, self.options.penalise_unanswered)
                         for t in group.trajectories]
             normalized = group_normalize(outcomes)
             group_credit: GroupCredit = []
@@ -136,11 +158,11 @@ class AbcGrpo(Estimator):
 
 
 def _step_scores(trajectory: Trajectory) -> list[float]:
-    values = trajectory.turn_numbers(
-        "step_score", why="abc_grpo needs the clue step score of every turn; run the step-score reward first")
+    values = turn_numbers(trajectory, "step_score", why="abc_grpo needs the clue step score of every turn; run "
+                          "the step-score reward first")
     scores = [value for value in values if value is not None]
     if len(scores) != len(values):
-        raise CreditInputError(f"line {trajectory.line}: 'score' is null; abc_grpo has no reward without "
+        raise CreditInputError(f"{origin(trajectory)}: 'score' is null; abc_grpo has no reward without "
                                f"step scores (score every turn, or use grpo)")
     return scores
 
@@ -170,7 +192,7 @@ class GspoRound(Estimator):
     def assign(self, batch: Sequence[Group]) -> CreditResult:
         credit: list[GroupCredit] = []
         for group in batch:
-            outcomes = [t.outcome_reward(self.options.format_penalty, self.options.penalise_unanswered)
+            outcomes = [outcome_reward(t, self.options.format_penalty, self.options.penalise_unanswered)
                         for t in group.trajectories]
             rounds = [outcome for t, outcome in zip(group.trajectories, outcomes, strict=True)
                       for _ in t.turns]

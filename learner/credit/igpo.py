@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from learner.credit.estimators import check_format_penalty, check_gamma
+from learner.credit.estimators import check_format_penalty, check_gamma, outcome_reward
 from learner.credit.normalize import (
     Norm,
     Rewards,
@@ -26,8 +26,9 @@ from learner.credit.normalize import (
     normalize_pooled,
     normalize_separately,
 )
-from learner.credit.records import Group, GroupCredit, Trajectory, TurnCredit
+from learner.credit.records import Group, GroupCredit, TurnCredit, origin, turn_numbers
 from learner.credit.registry import CreditResult, Estimator, register
+from rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -137,14 +138,14 @@ class Igpo(Estimator):
                 for group_turns, group_outcomes in zip(turns, outcomes, strict=True)], stats
 
     def _information_gain(self, trajectory: Trajectory) -> list[float | None]:
-        values = trajectory.turn_numbers(
-            "ig_value", why="igpo needs the information-gain value measured before every turn; run the "
+        values = turn_numbers(
+            trajectory, "ig_value", why="igpo needs the information-gain value measured before every turn; run the "
                      "information-gain reward first, or use grpo")
         if values[0] is None:  # then every value is: the gold answer had no tokens (§4)
-            log.warning("line %d: v is null on every turn; information gain is off for this "
-                        "trajectory (outcome and format penalties only)", trajectory.line)
+            log.warning("%s: v is null on every turn; information gain is off for this "
+                        "trajectory (outcome and format penalties only)", origin(trajectory))
             return [None] * len(values)
-        tools = [turn.tool if turn.format_ok else None for turn in trajectory.turns]
+        tools = [turn.called_tool if turn.format_ok else None for turn in trajectory.turns]
         return assign_information_gain([float(v) for v in values if v is not None], tools,
                                        self.options.ig_tools, self.options.ig_type)
 
@@ -155,7 +156,7 @@ class Igpo(Estimator):
         rewards: Rewards = []
         for turn, gain in zip(trajectory.turns[:-1], gains, strict=False):
             rewards.append(-penalty if penalty > 0 and not turn.format_ok else gain)
-        rewards.append(trajectory.outcome_reward(penalty, self.options.penalise_unanswered))
+        rewards.append(outcome_reward(trajectory, penalty, self.options.penalise_unanswered))
         return rewards
 
 

@@ -1,4 +1,4 @@
-"""Turn records: the framework-independent input and output of credit assignment.
+"""Turn records: the file format of ``turnstile credit``, read into the rollout's own trajectories.
 
 One trajectory per JSONL line, only what credit assignment needs, so that an estimator can be run
 and checked on a hand-written file without the rollout's token-level trajectory format::
@@ -14,6 +14,10 @@ as its record, so a scored rollout file is a turn-record file too. Every other f
 trajectory or of a turn, is kept and written back unchanged; the estimator adds ``advantage`` and
 ``reward`` (and its own fields) to every turn. Every number in the file, in any field, must be
 finite: JSON has no ``NaN`` or ``Infinity``, and neither is written.
+
+A line is read into a :class:`Record`: a :class:`rollout.trajectory.Trajectory` (the type every
+estimator takes) without tokens, which keeps its line for messages and the object as read, so that
+the credit is written back into it.
 """
 
 from __future__ import annotations
@@ -26,67 +30,59 @@ from pathlib import Path
 from typing import cast
 
 from envs.files import atomic_write
+from envs.protocol import StopReason
+from rollout.trajectory import Segment, Trajectory, Turn
 
 
 class CreditInputError(ValueError):
     """A turn-record file the estimators cannot use; the message names the line and field."""
 
 
-@dataclass(frozen=True)
-class Turn:
-    """One assistant turn: its tool (None for an answer or a malformed turn) and format check."""
+@dataclass
+class Record(Trajectory):
+    """A trajectory read from a turn-record file: the rollout's own type, holding what credit
+    assignment reads, with the line it came from (``line``, 1-based, for messages) and the object as
+    read (``fields``, extra keys included), to be written back with the credit."""
 
-    index: int
-    tool: str | None
-    format_ok: bool
-    fields: Mapping[str, object]  # the turn as read, extra keys included
+    line: int = 0
+    fields: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def turn_fields(self) -> list[Mapping[str, object]]:
+        """Each turn's object as read."""
+        if "turns" in self.fields or "segments" not in self.fields:
+            return cast("list[Mapping[str, object]]", self.fields["turns"])
+        return cast("list[Mapping[str, object]]", _segment_turns(dict(self.fields), origin(self)))
 
 
-@dataclass(frozen=True)
-class Trajectory:
-    """One episode as credit assignment sees it; ``line`` (1-based) locates it in its file."""
+def origin(trajectory: Trajectory) -> str:
+    """Where a trajectory came from, for messages: its line in a turn-record file, or its uid and
+    sample."""
+    if isinstance(trajectory, Record):
+        return f"line {trajectory.line}"
+    return f"trajectory {trajectory.uid}/{trajectory.sample}"
 
-    line: int
-    uid: str
-    outcome: float
-    answered: bool
-    turns: tuple[Turn, ...]
-    fields: Mapping[str, object]  # the trajectory as read, extra keys included
 
-    def outcome_reward(self, format_penalty: float, penalise_unanswered: bool = True) -> float:
-        """The outcome as trained on (docs/algorithms.md §3).
+def turn_numbers(trajectory: Trajectory, name: str, *, why: str) -> list[float | None]:
+    """Field ``name`` (``ig_value``, ``step_score``) of every turn, as floats.
 
-        An unanswered trajectory, or one whose answer turn failed the format check, gets
-        ``−format_penalty`` whatever its recorded outcome; ``format_penalty = 0`` turns the penalty
-        off and keeps the recorded outcome. With ``penalise_unanswered`` off only a malformed answer
-        attempt (``stop_reason: malformed_answer``) pays it; an episode a limit ended before it
-        answered scores 0, as a wrong answer does.
-        """
-        if format_penalty <= 0 or (self.answered and self.turns[-1].format_ok):
-            return self.outcome
-        if penalise_unanswered or self.fields.get("stop_reason") == "malformed_answer":
-            return -format_penalty
-        return 0.0
-
-    def turn_numbers(self, name: str, *, why: str) -> list[float | None]:
-        """Field ``name`` of every turn, as floats.
-
-        Either every turn has a number, or every turn has ``null`` (the reward that fills the field
-        could not score this trajectory; the estimator then leaves that reward out). A missing key,
-        a mix, or a value that is not a finite number is an error naming the line, turn and field;
-        ``why`` tells the user what the field is for.
-        """
-        values: list[float | None] = []
-        for turn in self.turns:
-            where = f"line {self.line}, turn {turn.index}"
-            if name not in turn.fields:
-                raise CreditInputError(f"{where}: missing field '{name}' ({why})")
-            value = turn.fields[name]
-            values.append(None if value is None else _finite(value, where, name))
-        if any(v is None for v in values) and not all(v is None for v in values):
-            raise CreditInputError(f"line {self.line}: field '{name}' is null on some turns and set on "
-                                   f"others; set it on every turn, or null on every turn to leave it out")
-        return values
+    Either every turn has a number, or every turn has ``null`` (the reward that fills the field
+    could not score this trajectory; the estimator then leaves that reward out). A missing key (in a
+    turn-record file), a mix, or a value that is not a finite number is an error naming the line or
+    trajectory, turn and field; ``why`` tells the user what the field is for.
+    """
+    read = trajectory.turn_fields if isinstance(trajectory, Record) else None
+    values: list[float | None] = []
+    for position, turn in enumerate(trajectory.turns):
+        at = f"{origin(trajectory)}, turn {turn.index}"
+        if read is not None and name not in read[position]:
+            raise CreditInputError(f"{at}: missing field '{name}' ({why})")
+        value = read[position][name] if read is not None else getattr(turn, name)
+        values.append(None if value is None else _finite(value, at, name))
+    if any(v is None for v in values) and not all(v is None for v in values):
+        raise CreditInputError(f"{origin(trajectory)}: field '{name}' is null on some turns and set on "
+                               f"others; set it on every turn, or null on every turn to leave it out")
+    return values
 
 
 @dataclass(frozen=True)
@@ -114,7 +110,7 @@ TrajectoryCredit = list[TurnCredit]
 GroupCredit = list[TrajectoryCredit]
 
 
-def parse_trajectory(text: str, line: int) -> Trajectory:
+def parse_trajectory(text: str, line: int) -> Record:
     """One JSONL line as a trajectory; errors name ``line`` and the field and say what to write.
 
     Python's JSON reader accepts ``NaN``, ``Infinity`` and ``-Infinity`` (and turns ``1e999`` into
@@ -167,7 +163,7 @@ def _first_non_finite(value: object, path: tuple[str | int, ...]
     return None
 
 
-def trajectory_from_object(obj: object, line: int) -> Trajectory:
+def trajectory_from_object(obj: object, line: int) -> Record:
     """A decoded JSON object as a trajectory (see the module docstring for the fields)."""
     where = f"line {line}"
     if not isinstance(obj, dict):
@@ -177,14 +173,22 @@ def trajectory_from_object(obj: object, line: int) -> Trajectory:
     if not isinstance(uid, str) or not uid:
         raise CreditInputError(f"{where}: field 'uid' must be a non-empty string (the group id)")
     outcome = _finite(_required(obj, "outcome", where), where, "outcome")
-    default_answered = obj.get("stop_reason", "answered") == "answered"  # a trajectory line says so
-    answered = _boolean(obj.get("answered", default_answered), where, "answered")
+    try:  # a trajectory line says why it ended; a turn record may say only whether it answered
+        stop = StopReason(obj.get("stop_reason", StopReason.ANSWERED.value))
+    except ValueError:
+        known = ", ".join(reason.value for reason in StopReason)
+        raise CreditInputError(f"{where}: field 'stop_reason' must be one of {known}, "
+                               f"got {obj.get('stop_reason')!r}") from None
+    answered = _boolean(obj.get("answered", stop is StopReason.ANSWERED), where, "answered")
+    if answered != (stop is StopReason.ANSWERED):
+        stop = StopReason.ANSWERED if answered else StopReason.NO_ANSWER
     raw_turns = _segment_turns(obj, where) if "turns" not in obj and "segments" in obj \
         else _required(obj, "turns", where)
     if not isinstance(raw_turns, list) or not raw_turns:
         raise CreditInputError(f"{where}: field 'turns' must be a non-empty list of turn objects")
-    turns = tuple(_turn(raw, index, where) for index, raw in enumerate(raw_turns))
-    return Trajectory(line=line, uid=uid, outcome=outcome, answered=answered, turns=turns, fields=obj)
+    turns = [_turn(raw, index, where) for index, raw in enumerate(raw_turns)]
+    return Record(uid=uid, sample=line, task_id="", question="", answers=[], outcome=outcome,
+                  stop_reason=stop, segments=[Segment(prompt_ids=[], turns=turns)], line=line, fields=obj)
 
 
 def _segment_turns(obj: dict[str, object], where: str) -> list[object]:
@@ -196,7 +200,7 @@ def _segment_turns(obj: dict[str, object], where: str) -> list[object]:
     return [turn for segment in segments for turn in segment["turns"]]
 
 
-def read_trajectories(path: str | Path) -> list[Trajectory]:
+def read_trajectories(path: str | Path) -> list[Record]:
     """Every trajectory of a turn-record file, in file order; blank lines are skipped."""
     trajectories = []
     with open(path, encoding="utf-8") as file:
@@ -217,13 +221,16 @@ def group_by_uid(trajectories: Iterable[Trajectory]) -> list[Group]:
 
 
 def credited_records(groups: Sequence[Group], credit: Sequence[GroupCredit]) -> list[dict[str, object]]:
-    """The trajectories as JSON objects with each turn's credit written in, in file order."""
+    """The trajectories (read by :func:`read_trajectories`) as JSON objects with each turn's credit
+    written in, in file order."""
     rows: list[tuple[int, dict[str, object]]] = []
     for group, group_credit in zip(groups, credit, strict=True):
         for trajectory, turn_credits in zip(group.trajectories, group_credit, strict=True):
+            if not isinstance(trajectory, Record):
+                raise TypeError(f"{origin(trajectory)} was not read from a turn-record file")
             turns = []
-            for turn, turn_credit in zip(trajectory.turns, turn_credits, strict=True):
-                written = dict(turn.fields)
+            for read, turn_credit in zip(trajectory.turn_fields, turn_credits, strict=True):
+                written = dict(read)
                 written["reward"] = turn_credit.reward
                 written["advantage"] = turn_credit.advantage
                 written.update(turn_credit.extras)
@@ -255,10 +262,9 @@ def _turn(raw: object, index: int, where: str) -> Turn:
     if tool is not None and not isinstance(tool, str):
         raise CreditInputError(f"{where}: field 'tool' must be a tool name or null (answer or "
                                f"malformed turn), got {tool!r}")
-    if raw.get("action", "tool_call") != "tool_call":  # a trajectory line's answer or malformed turn
-        tool = None
     format_ok = _boolean(raw.get("format_ok", True), where, "format_ok")
-    return Turn(index=index, tool=tool, format_ok=format_ok, fields=raw)
+    action = raw.get("action", "tool_call" if tool is not None else "answer")  # a trajectory line says
+    return Turn(index=index, tool=tool, action=str(action), format_ok=format_ok)
 
 
 def _required(obj: Mapping[str, object], name: str, where: str) -> object:
