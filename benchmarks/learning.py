@@ -47,7 +47,7 @@ CLUES = "rewards=[{kind: exact_match}, {kind: format}, {kind: clue_steps}]"
 
 # An iter_research turn writes its <report> besides the think and the call: at the default's 160
 # new tokens a turn, 18% of the warm start's rounds are cut (median 132 tokens, 90th percentile 157).
-ITER = ["rollout.context.kind=iter_research", "estimator.name=gspo_round", "learner.loss=gspo"]
+ITER = ["rollout.context.kind=iter_research", "estimator.kind=gspo_round", "learner.loss=gspo"]
 
 # The multi-hop comparison (issue 36): two- and three-hop chains (seven turns at most for the expert,
 # eight allowed), 2,000 questions so that ~180 are held out (one evaluation within about ±5 points at
@@ -71,10 +71,10 @@ FAULTS = ["rollout.tools.toolbox.inject_failure_rate=0.3", "rollout.tools.toolbo
 
 ARMS: dict[str, tuple[str, list[str]]] = {
     "grpo": ("GRPO, mono context (the default)", []),
-    "igpo": ("IGPO: browse-aware IG, IG-Scale, turn format penalty", [IG, "estimator.name=igpo"]),
+    "igpo": ("IGPO: browse-aware IG, IG-Scale, turn format penalty", [IG, "estimator.kind=igpo"]),
     # Pooled step scores (norm=joint), as these runs were made: the default is now norm=separate,
     # docs/algorithms.md §6.
-    "abc_grpo": ("ABC-GRPO, heuristic clue judge", [CLUES, "estimator.name=abc_grpo",
+    "abc_grpo": ("ABC-GRPO, heuristic clue judge", [CLUES, "estimator.kind=abc_grpo",
                                                      "estimator.options={norm: joint}"]),
     "mono_gspo": ("mono context, GSPO loss", ["learner.loss=gspo"]),
     "iter_research_gspo": ("iter_research, round-level GSPO (from tiny-qwen3-iter), 256 tokens a turn", [
@@ -87,21 +87,21 @@ ARMS: dict[str, tuple[str, list[str]]] = {
                                                               "learner.mini_batch=64"]),
     "mono_gspo_iter": ("mono context, GSPO loss (from tiny-qwen3-iter)", ["learner.loss=gspo"]),
     "grpo_hard": ("GRPO on the hard split (2 hops)", [HARD, HARD_EVAL]),
-    "igpo_hard": ("IGPO on the hard split (2 hops)", [HARD, HARD_EVAL, IG, "estimator.name=igpo"]),
+    "igpo_hard": ("IGPO on the hard split (2 hops)", [HARD, HARD_EVAL, IG, "estimator.kind=igpo"]),
     "grpo_faults30": ("GRPO, 30% of tool calls failed by the environment, its episodes masked (the default)",
                       FAULTS),
     "grpo_faults30_keep": ("GRPO, 30% of tool calls failed by the environment, every episode trained "
                            "(environment_faults=keep)", [*FAULTS, "environment_faults=keep"]),
     "mh_grpo": ("multi-hop: GRPO", MULTIHOP),
     "mh_igpo": ("multi-hop: IGPO (browse-aware IG, IG-Scale, turn format penalty)",
-                [*MULTIHOP, IG, "estimator.name=igpo"]),
+                [*MULTIHOP, IG, "estimator.kind=igpo"]),
     "mh_igpo_every": ("multi-hop: IG at every turn boundary (ig_tools=[])",
-                      [*MULTIHOP, IG, "estimator.name=igpo", "estimator.options={ig_tools: []}"]),
-    "mh_abc_grpo": ("multi-hop: ABC-GRPO, heuristic clue judge", [*MULTIHOP, CLUES, "estimator.name=abc_grpo"]),
+                      [*MULTIHOP, IG, "estimator.kind=igpo", "estimator.options={ig_tools: []}"]),
+    "mh_abc_grpo": ("multi-hop: ABC-GRPO, heuristic clue judge", [*MULTIHOP, CLUES, "estimator.kind=abc_grpo"]),
     "mh_grpo_unanswered0": ("multi-hop: GRPO, a cut episode scored as a wrong answer (penalise_unanswered=false)",
                             [*MULTIHOP, UNANSWERED0]),
     "mh_igpo_unanswered0": ("multi-hop: IGPO, a cut episode scored as a wrong answer (penalise_unanswered=false)",
-                            [*MULTIHOP, IG, "estimator.name=igpo", UNANSWERED0]),
+                            [*MULTIHOP, IG, "estimator.kind=igpo", UNANSWERED0]),
 }
 # The arms that start from another model than the warm start, built once into OUT/models/NAME
 # (`turnstile build-model NAME`, resumable). The warm start never writes the <report> an

@@ -43,9 +43,9 @@ from cluster.rollout import RayConfig, init_ray
 from cluster.score import find_tasks
 from cluster.warm_start import DEFAULT_TASKS, WarmStartRecipe, expert_trajectories
 from envs.datasets.registry import DatasetConfig
+from envs.plugins import PluginSpec
 from envs.tasks import Task
 from rewards.apply import score_groups
-from rewards.base import RewardSpec
 from rollout.model_store import WARM_MODEL
 from rollout.trajectory import Trajectory
 
@@ -226,7 +226,7 @@ def main() -> None:
     trajectories = trajectories[:args.tasks]
     data = DatasetConfig(kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS))
     tasks = find_tasks(data, trajectories)
-    specs = [RewardSpec("information_gain", {"model": args.model}), RewardSpec("clue_steps", {"judge": "heuristic"})]
+    specs = [PluginSpec("information_gain", {"model": args.model}), PluginSpec("clue_steps", {"judge": "heuristic"})]
     unscored = asyncio.run(score_groups(specs, trajectories, tasks))
     if unscored:
         raise SystemExit(f"{unscored} trajectories could not be scored: {trajectories[0].metadata.get('reward_error')}")

@@ -68,7 +68,7 @@ def overrides(steps: int, out: Path, resume: bool) -> list[str]:
             "rollout.tools.toolbox.inject_failure_rate=0.1",
             "rollout.corpus.port=0", "rollout.fleet.workers=2", "rollout.fleet.episodes_per_worker=8",
             "rewards=[{kind: exact_match}, {kind: format}, {kind: information_gain}]",
-            "estimator.name=igpo", "learner.mini_batch=8", "learner.micro_batch=2", "learner.threads=1"]
+            "estimator.kind=igpo", "learner.mini_batch=8", "learner.micro_batch=2", "learner.threads=1"]
 
 
 def role_of(process: psutil.Process) -> str:

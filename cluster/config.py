@@ -36,7 +36,7 @@ def load_config(schema: type[T], path: str | Path | None = None,
     """Build ``schema`` from its defaults, then the YAML at ``path``, then ``key=value`` overrides.
 
     A plugin's ``options`` belong to its kind: where the file and overrides choose another ``kind``
-    (or estimator ``name``) than the schema's default, that section starts from no options instead
+    than the schema's default, that section starts from no options instead
     of the default kind's (``data.kind=arithmetic`` does not inherit the synthetic ``min_hops``);
     options the file or overrides give are kept."""
     base = OmegaConf.structured(schema)
@@ -66,6 +66,8 @@ def load_config(schema: type[T], path: str | Path | None = None,
         except (TypeError, ValueError) as error:
             raise ConfigError(f"{layers[at][0]} does not fit the config before it ({error}); a list "
                               "is set whole (key=[...]), not item by item") from None
+    for source, layer in layers:
+        _refuse_renamed(layer, source)
     if layers:
         _options_follow_kind(base, OmegaConf.merge(*(layer for _, layer in layers)))
     merged = base
@@ -86,14 +88,23 @@ def load_config(schema: type[T], path: str | Path | None = None,
     return _to_object(merged)
 
 
+# Keys that were renamed (issue 38: one word for each concept), with what to write instead.
+RENAMED = {"estimator.name": ("estimator.kind", "estimator: {kind: grpo}")}
+
+
+def _refuse_renamed(layer: object, source: str) -> None:
+    for old, (new, example) in RENAMED.items():
+        if isinstance(layer, DictConfig) and OmegaConf.select(layer, old, default=None) is not None:
+            raise ConfigError(f"{source}: '{old}' is now '{new}' (a plugin is chosen by its kind "
+                              f"everywhere); write {example}")
+
+
 def _options_follow_kind(merged: DictConfig, layer: object) -> None:
     """Clear ``merged``'s options wherever ``layer`` names another kind than it (see :func:`load_config`)."""
     if not isinstance(layer, DictConfig) or not isinstance(merged, DictConfig):
         return
-    for selector in ("kind", "name"):
-        if selector in layer and "options" in merged and selector in merged \
-                and layer[selector] != merged[selector]:
-            merged.options = {}
+    if "kind" in layer and "options" in merged and "kind" in merged and layer.kind != merged.kind:
+        merged.options = {}
     for key in layer:
         if key in merged and isinstance(merged._get_node(key), DictConfig):  # noqa: SLF001
             _options_follow_kind(merged[key], layer._get_node(key))  # noqa: SLF001

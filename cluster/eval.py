@@ -42,10 +42,11 @@ from cluster.train import default_rollout
 from cluster.warm_start import DEFAULT_TASKS
 from envs.answers import normalize_answer
 from envs.datasets.registry import DatasetConfig
+from envs.plugins import PluginSpec
 from envs.protocol import StopReason
 from envs.tasks import Task
 from rewards.apply import score_groups
-from rewards.base import RewardSpec, build_reward
+from rewards.base import build_reward
 from rollout.context import ContextConfig
 from rollout.model_store import resolve_model
 from rollout.summary import FAILED, is_correct, nothing_ran
@@ -65,7 +66,7 @@ class BenchmarkConfig:
     # The outcome plugin that judges an answer (rewards.outcome): exact_match, f1 (its mean is
     # reported as f1@k; "correct" stays the exact match) or llm_judge (BrowseComp's grader over an
     # OpenAI-compatible endpoint; an exact match never reaches it).
-    judge: RewardSpec = field(default_factory=lambda: RewardSpec("exact_match"))
+    judge: PluginSpec = field(default_factory=lambda: PluginSpec("exact_match"))
     # The context manager of this benchmark's episodes (None: rollout.context). Test-time context
     # management is compared by listing a benchmark twice, named apart, with two contexts (mono,
     # discard_all with its max_resets, iter_research, budgets): each context runs on its own fleet.
@@ -75,7 +76,7 @@ class BenchmarkConfig:
         if self.judge.kind not in JUDGES:
             raise ValueError(f"judge.kind={self.judge.kind!r} is not one of {', '.join(JUDGES)}")
         # An answer's score, not training's format penalty (a malformed answer has no answer: 0).
-        self.judge = RewardSpec(self.judge.kind, {"format_penalty": False, **self.judge.options})
+        self.judge = PluginSpec(self.judge.kind, {"format_penalty": False, **self.judge.options})
         build_reward(self.judge)  # its options checked now, not after the first episodes
         self.name = self.name or self.data.kind
 

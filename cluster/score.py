@@ -13,23 +13,16 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from envs.corpus_server import PAGE_PREFIX
 from envs.datasets.registry import DatasetConfig, load_tasks
+from envs.plugins import PluginSpec
 from envs.tasks import Task
 from learner.credit import estimator_from_options
 from learner.credit.assign import assign_credit
 from learner.credit.registry import CreditResult
 from rewards.apply import DEFAULT_SCORE_TIMEOUT_S, score_groups
-from rewards.base import RewardSpec
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
-
-
-@dataclass
-class EstimatorEntry:
-    name: str = "igpo"
-    options: dict[str, Any] = field(default_factory=dict)  # checked by the estimator's Options
 
 
 @dataclass
@@ -37,8 +30,8 @@ class ScoreConfig:
     """Which tasks the trajectories answer, how to reward them, and how to assign credit."""
 
     data: DatasetConfig = field(default_factory=lambda: DatasetConfig(kind="synthetic", path=""))
-    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("exact_match"), RewardSpec("format")])
-    estimator: EstimatorEntry = field(default_factory=EstimatorEntry)
+    rewards: list[PluginSpec] = field(default_factory=lambda: [PluginSpec("exact_match"), PluginSpec("format")])
+    estimator: PluginSpec = field(default_factory=lambda: PluginSpec("igpo"))
     score_timeout_s: float = DEFAULT_SCORE_TIMEOUT_S  # one reward plugin on one group
 
 
@@ -60,7 +53,7 @@ async def score_saved(cfg: ScoreConfig, source: Path, out: Path) -> ScoreReport:
     trajectories = load_trajectories(source)
     if not trajectories:
         raise ValueError(f"{source} holds no trajectories")
-    estimator = estimator_from_options(cfg.estimator.name, cfg.estimator.options)
+    estimator = estimator_from_options(cfg.estimator.kind, cfg.estimator.options)
     tasks = find_tasks(cfg.data, trajectories)
     unscored = await score_groups(cfg.rewards, trajectories, tasks, cfg.score_timeout_s)
     scored = [t for t in trajectories if t.outcome is not None]  # the unscored get no credit

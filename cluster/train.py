@@ -47,11 +47,12 @@ from cluster.rollout import (
     serve_corpus,
 )
 from cluster.room import Demand, check_room
-from cluster.score import EstimatorEntry, find_tasks
+from cluster.score import find_tasks
 from cluster.train_async import async_loop
 from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
 from envs.datasets.registry import DatasetConfig
 from envs.files import atomic_write
+from envs.plugins import PluginSpec
 from envs.tasks import Task
 from learner.credit import estimator_class, estimator_from_options
 from learner.credit.assign import assign_credit
@@ -60,7 +61,7 @@ from learner.publish import WeightsArchive, replace_model
 from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rewards.apply import score_groups
-from rewards.base import RewardSpec, resolve_reward, reward_options
+from rewards.base import resolve_reward, reward_options
 from rewards.service import RewardServiceConfig
 from rollout.engines.registry import weight_sync
 from rollout.faults import VERDICT_KEY
@@ -104,8 +105,8 @@ class TrainJob:
     rollout: RolloutConfig = field(default_factory=default_rollout)  # data, engine, fleet, episode, ...
     eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
         kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)))  # all 110 held out
-    rewards: list[RewardSpec] = field(default_factory=lambda: [RewardSpec("exact_match"), RewardSpec("format")])
-    estimator: EstimatorEntry = field(default_factory=lambda: EstimatorEntry(name="grpo"))
+    rewards: list[PluginSpec] = field(default_factory=lambda: [PluginSpec("exact_match"), PluginSpec("format")])
+    estimator: PluginSpec = field(default_factory=lambda: PluginSpec(kind="grpo"))
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(
         mini_batch=32, micro_batch=1, lr=1e-4, max_length=4096, threads=2))
     eval_every: int = 5  # evaluate before the first update, every N steps and after the last; 0 = never
@@ -156,10 +157,10 @@ def check(job: TrainJob) -> None:
     """What the config's own types cannot check (the plugins' options, the store's server), before
     anything starts."""
     try:
-        estimator_class(job.estimator.name)
+        estimator_class(job.estimator.kind)
     except KeyError as error:
-        raise TrainError(f"estimator.name: {error.args[0]}") from None
-    estimator_from_options(job.estimator.name, job.estimator.options)
+        raise TrainError(f"estimator.kind: {error.args[0]}") from None
+    estimator_from_options(job.estimator.kind, job.estimator.options)
     for spec in job.rewards:
         reward_options(spec)
     check_durability(job.store)  # a Redis that would lose acknowledged items (StoreError)
@@ -236,7 +237,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
 def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
     model = resolve_model(job.rollout.engine.model or job.learner.model)
     job = replace(job, rollout=replace(job.rollout, engine=expert_engine(job.rollout.engine, job.rollout.data)))
-    estimator = estimator_from_options(job.estimator.name, job.estimator.options)
+    estimator = estimator_from_options(job.estimator.kind, job.estimator.options)
     with serve_corpus(job.rollout.corpus) as corpus:
         tasks, eval_tasks = servable_tasks([job.rollout.data, job.eval_data], corpus, job.rollout.engine)
         name = job.name or f"turnstile-{uuid.uuid4().hex[:8]}"
@@ -454,7 +455,7 @@ class Run:
         mode, directory = weight_sync(self.job.rollout.engine)
         await self.fleet.publish(weights, version, mode=mode, checkpoint_dir=directory)
 
-    def reward_specs(self) -> list[RewardSpec]:
+    def reward_specs(self) -> list[PluginSpec]:
         """The reward plugins; one that scores with the policy's weights (``scores_with_policy``:
         information gain) and has no model of its own scores each trajectory with the weights
         version that generated it (the run's archive)."""
@@ -464,7 +465,7 @@ class Run:
             if resolve_reward(entry.kind).scores_with_policy and self.archive is not None and not (
                     options.get("model") or options.get("versions_dir")):
                 options["versions_dir"] = str(self.archive.root)
-            specs.append(RewardSpec(entry.kind, options))
+            specs.append(PluginSpec(entry.kind, options))
         return specs
 
     def set_queue_depths(self, depths: dict[str, float]) -> None:
@@ -547,7 +548,7 @@ def _correct_by_task(path: Path) -> dict[str, float]:
     return {task: sum(values) / len(values) for task, values in samples.items()}
 
 
-async def _score(job: TrainJob, specs: list[RewardSpec], trajectories: list[Trajectory]) -> None:
+async def _score(job: TrainJob, specs: list[PluginSpec], trajectories: list[Trajectory]) -> None:
     """The sync loop's rewards, applied as the reward service applies them (a group a plugin fails
     on is left unscored and counted by :func:`trainable`)."""
     await score_groups(specs, trajectories, find_tasks(job.rollout.data, trajectories),

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
@@ -28,6 +29,16 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 T = TypeVar("T")
 ConfigT = TypeVar("ConfigT")
+
+
+@dataclass
+class PluginSpec:
+    """One configured plugin, as a config section names it: ``kind`` (a registered name or
+    ``package.module:Class``) and its options (JSON values, checked by the plugin's ``Options``).
+    A job's ``rewards`` list holds these; so does its ``estimator`` section."""
+
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 class PluginError(ValueError):

@@ -20,8 +20,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from envs.plugins import PluginSpec
 from envs.tasks import Task
-from rewards.base import RewardPlugin, RewardSpec, build_reward
+from rewards.base import RewardPlugin, build_reward
 from rollout.trajectory import Trajectory
 
 DEFAULT_SCORE_TIMEOUT_S = 600.0  # one plugin on one group
@@ -50,7 +51,7 @@ def mark_unscored(trajectory: Trajectory, as_rolled_out: Trajectory, failure: tu
     trajectory.metadata["reward_error"] = {"plugin": failure[0], "error": failure[1], "deliveries": deliveries}
 
 
-async def score_groups(specs: Sequence[RewardSpec], trajectories: Sequence[Trajectory],
+async def score_groups(specs: Sequence[PluginSpec], trajectories: Sequence[Trajectory],
                        tasks: dict[str, Task], timeout_s: float = DEFAULT_SCORE_TIMEOUT_S) -> int:
     """Score ``trajectories`` group by group (a group: the samples of one ``uid``), concurrently,
     with plugins built from ``specs`` and closed after; a group a plugin fails on is marked

@@ -15,7 +15,7 @@ spec's ``options`` into it and rejects an unknown option by name, so a typo neve
 default. The registry never lists plugins itself: packages declare them as entry points, and
 :func:`register_reward` adds one in process (tests, notebooks).
 
-A :class:`RewardSpec` is small and picklable; the plugin (with its HTTP clients, tools, caches) is built
+A :class:`PluginSpec` is small and picklable; the plugin (with its HTTP clients, tools, caches) is built
 from it inside the process that scores, e.g. a Ray actor.
 """
 
@@ -24,10 +24,10 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
-from envs.plugins import PluginError, Registry, typed_options
+from envs.plugins import PluginError, PluginSpec, Registry, typed_options
 from envs.tasks import Task
 from rollout.trajectory import Trajectory, Turn
 
@@ -86,15 +86,6 @@ REWARDS: Registry[PluginClass] = Registry(
     accepts=lambda found: isinstance(found, type) and issubclass(found, RewardPlugin))
 
 
-@dataclass
-class RewardSpec:
-    """One configured plugin: ``kind`` (registered name or ``package.module:Class``) and options; also
-    the config entry of a job's ``rewards`` list."""
-
-    kind: str
-    options: dict[str, Any] = field(default_factory=dict)  # JSON values, checked by the plugin's options class
-
-
 def register_reward(name: str) -> Callable[[PluginClass], PluginClass]:
     """Register a plugin class under ``name`` in this process (entry points do it for packages)."""
     return REWARDS.register(name)
@@ -105,14 +96,14 @@ def resolve_reward(kind: str) -> PluginClass:
     return REWARDS.load(kind)
 
 
-def reward_options(spec: RewardSpec) -> object:
+def reward_options(spec: PluginSpec) -> object:
     """The plugin's typed options from ``spec`` (a RewardError names an unknown or bad one); a driver
     calls it to refuse a config before anything starts."""
     return typed_options(resolve_reward(spec.kind).config_type, spec.options, f"reward {spec.kind!r}",
                          error=RewardError)
 
 
-def build_reward(spec: RewardSpec) -> RewardPlugin:
+def build_reward(spec: PluginSpec) -> RewardPlugin:
     """Build the plugin ``spec`` describes, in this process."""
     cls = resolve_reward(spec.kind)
     config = reward_options(spec)

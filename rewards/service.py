@@ -9,7 +9,7 @@ plugins, put each scored trajectory on ``scored`` under the *same* item id, then
 samples of one ``uid``) only once every member is scored.
 :class:`RewardService` starts the workers, keeps them running, and holds the collector::
 
-    async with RewardService(store_config, [RewardSpec("exact_match"), RewardSpec("format")],
+    async with RewardService(store_config, [PluginSpec("exact_match"), PluginSpec("format")],
                              RewardServiceConfig(workers=2), tasks=tasks_by_id) as rewards:
         ...                                           # rollout puts trajectories on "finished"
         groups = await rewards.release_groups(group_size=8, wait_s=60)
@@ -53,9 +53,10 @@ from typing import Self
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from envs.plugins import PluginSpec
 from envs.tasks import Task
 from rewards.apply import DEFAULT_SCORE_TIMEOUT_S, apply_rewards, mark_unscored
-from rewards.base import RewardSpec, build_reward, reward_options
+from rewards.base import build_reward, reward_options
 from rollout.errors import describe_error
 from rollout.store import (
     FINISHED,
@@ -180,7 +181,7 @@ class RewardWorker:
     ``ray.remote`` by :class:`RewardService`. Built from small picklable parts: the store client and
     the plugins are built here, inside the actor. Its name is its consumer name in the store."""
 
-    def __init__(self, name: str, store: StoreConfig, rewards: Sequence[RewardSpec],
+    def __init__(self, name: str, store: StoreConfig, rewards: Sequence[PluginSpec],
                  config: RewardWorkerConfig, tasks: Mapping[str, Task] | None = None) -> None:
         self.name = name
         self.config = config
@@ -402,7 +403,7 @@ class RewardService:
     trajectories are put); ``release_groups`` also restarts the loop of a worker Ray restarted.
     """
 
-    def __init__(self, store: StoreConfig, rewards: Sequence[RewardSpec],
+    def __init__(self, store: StoreConfig, rewards: Sequence[PluginSpec],
                  config: RewardServiceConfig | None = None,
                  tasks: Mapping[str, Task] | None = None) -> None:
         if not rewards:

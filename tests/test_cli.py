@@ -100,7 +100,7 @@ BAD_TRAIN_VALUES = [
     (["rollout.episode.context_budget=50", "rollout.episode.max_new_tokens=96"],
      "rollout.episode.context_budget=50 must exceed max_new_tokens=96"),
     (["mode=async", "rollout.group_size=64"], "rollout.group_size=64 must be <= rollout.fleet.workers"),
-    (["estimator.name=nope"], "estimator.name: unknown estimator 'nope'"),
+    (["estimator.kind=nope"], "estimator.kind: unknown estimator 'nope'"),
     (["estimator.options={beta: 1}"], "estimator 'grpo': unknown option 'beta'"),
     (["rewards=[{kind: exact_match, options: {nope: 1}}]"], "reward 'exact_match': unknown option 'nope'"),
     (["rollout.data.field_map={answer:answers}"], "YAML needs a space after ':'; write '{answer: answers}'"),

@@ -68,5 +68,18 @@ def test_options_follow_the_kind_they_were_given_for(tmp_path: Path) -> None:
     assert load_config(TrainJob, file).rollout.data.options == {"operands": 2}
     same = load_config(TrainJob, None, ["rollout.data.kind=synthetic", "rollout.data.options.count=10"])
     assert same.rollout.data.options["min_hops"] == 1 and same.rollout.data.options["count"] == 10
-    estimator = load_config(TrainJob, None, ["estimator.options.eps=0.1", "estimator.name=igpo"])
+    estimator = load_config(TrainJob, None, ["estimator.options.eps=0.1", "estimator.kind=igpo"])
     assert estimator.estimator.options == {"eps": 0.1}  # the user's own options stay, in any order
+
+
+def test_a_renamed_key_says_what_it_is_now(tmp_path: Path) -> None:
+    from cluster.train import TrainJob
+
+    with pytest.raises(ConfigError, match=r"override 'estimator.name=igpo': 'estimator.name' is now "
+                                          r"'estimator.kind'.*estimator: \{kind: grpo\}"):
+        load_config(TrainJob, None, ["estimator.name=igpo"])
+    file = tmp_path / "old.yaml"
+    file.write_text("estimator:\n  name: igpo\n  options: {gamma: 0.9}\n")
+    with pytest.raises(ConfigError, match=rf"{file}: 'estimator.name' is now 'estimator.kind'"):
+        load_config(TrainJob, file)
+    assert load_config(TrainJob, None, ["estimator.kind=igpo"]).estimator.kind == "igpo"

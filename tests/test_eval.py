@@ -21,9 +21,9 @@ from cluster.eval_metrics import pass_at_k
 from cluster.synthesis import SynthesisConfig
 from envs.chat_client import ChatClientConfig
 from envs.datasets.registry import DatasetConfig, load_tasks
+from envs.plugins import PluginSpec
 from envs.protocol import StopReason
 from envs.tasks import Task
-from rewards.base import RewardSpec
 from rollout.trajectory import Segment, Trajectory, Turn, load_trajectories
 from tests.openai_server import Reply, chat_server
 
@@ -177,7 +177,7 @@ def test_an_encrypted_benchmark_leaves_no_decrypted_text_in_outputs_or_logs(tmp_
 
 
 def test_the_judge_scores_each_sample_and_f1_is_reported_beside_exact_match() -> None:
-    bench = BenchmarkConfig(DatasetConfig(kind="jsonl", path="x"), name="qa", judge=RewardSpec("f1"))
+    bench = BenchmarkConfig(DatasetConfig(kind="jsonl", path="x"), name="qa", judge=PluginSpec("f1"))
     task = Task(id="t1", question="Where?", answers=("Paris France",))
     samples = [Trajectory(uid="qa/t1", sample=i, task_id="t1", question="Where?", answers=["Paris France"],
                           stop_reason=StopReason.ANSWERED, answer=answer)

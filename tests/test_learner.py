@@ -193,7 +193,7 @@ async def test_rl_step_on_scored_trajectories_then_publish_to_vllm(
     await score_saved(config, saved, tmp_path / "scored.jsonl")
     trajectories = load_trajectories(tmp_path / "scored.jsonl")
     assert len(trajectories) == 3
-    assert config.estimator.name == "igpo"
+    assert config.estimator.kind == "igpo"
     estimator = build_estimator("igpo", estimator_class("igpo").Options(**config.estimator.options))
     report = learner.rl_step(trajectories, estimator)
     # Three segments, mini-batches of 4: nothing trains yet, all three wait (never padded).

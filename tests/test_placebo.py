@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from benchmarks.placebo import TRUE_OUTCOME
+from envs.plugins import PluginSpec
 from envs.tasks import Task
-from rewards.base import RewardSpec, build_reward
+from rewards.base import build_reward
 from rollout.trajectory import Trajectory
 
 PLACEBO = "benchmarks.placebo:ShuffledOutcomes"
@@ -16,7 +17,7 @@ def group(task: Task, outcomes: list[float]) -> list[Trajectory]:
 
 
 async def test_outcomes_are_permuted_within_the_group_and_scoring_twice_changes_nothing() -> None:
-    plugin = build_reward(RewardSpec(PLACEBO))
+    plugin = build_reward(PluginSpec(PLACEBO))
     outcomes = [1.0, 0.0, 0.0, -1.0]
     moved = 0
     for k in range(40):

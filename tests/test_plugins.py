@@ -12,9 +12,9 @@ import pytest
 
 from cluster.cli import main
 from envs.datasets.registry import DatasetConfig, load_tasks
-from envs.plugins import PluginError, Registry, typed_options
+from envs.plugins import PluginError, PluginSpec, Registry, typed_options
 from learner.credit import build_estimator, estimator_class
-from rewards.base import RewardError, RewardSpec, build_reward, resolve_reward
+from rewards.base import RewardError, build_reward, resolve_reward
 from rollout.engines.config import EngineConfig
 from rollout.engines.registry import build_engine, weight_sync
 from rollout.trajectory import Segment, StopReason, Trajectory
@@ -41,14 +41,14 @@ def test_a_users_estimator_by_import_path(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_a_users_reward_by_import_path() -> None:
-    plugin = build_reward(RewardSpec("tests.user_plugins:AnswerLength", {"per_char": 0.5}))
+    plugin = build_reward(PluginSpec("tests.user_plugins:AnswerLength", {"per_char": 0.5}))
     trajectory = Trajectory(uid="u", sample=0, task_id="t", question="q?", answers=["a"],
                             segments=[Segment(prompt_ids=[1])], stop_reason=StopReason.ANSWERED, answer="four")
     asyncio.run(plugin.score(trajectory, load_tasks(DatasetConfig(kind="tests.user_plugins:three_questions",
                                                                   path="t"))[0]))
     assert trajectory.outcome == 2.0
     with pytest.raises(RewardError, match="unknown option 'per_word'; the options are: per_char"):
-        build_reward(RewardSpec("tests.user_plugins:AnswerLength", {"per_word": 1}))
+        build_reward(PluginSpec("tests.user_plugins:AnswerLength", {"per_word": 1}))
     with pytest.raises(RewardError, match="not a RewardPlugin class"):
         resolve_reward("tests.user_plugins:Constant")
 

@@ -29,10 +29,11 @@ import pytest
 import pytest_asyncio
 import ray
 
+from envs.plugins import PluginSpec
 from envs.tasks import Task
 from envs.tools.toolbox import Toolbox
 from rewards.apply import score_groups
-from rewards.base import RewardError, RewardPlugin, RewardSpec
+from rewards.base import RewardError, RewardPlugin
 from rewards.service import (
     LEARNER_GROUP,
     MISSING_TASK,
@@ -95,8 +96,8 @@ class FailingPlugin(RewardPlugin):
 
 GATED = f"{__name__}:GatedPlugin"
 FAILING = f"{__name__}:FailingPlugin"
-CHEAP = [RewardSpec("exact_match"), RewardSpec("format"),
-         RewardSpec("clue_steps", {"judge": "heuristic"})]
+CHEAP = [PluginSpec("exact_match"), PluginSpec("format"),
+         PluginSpec("clue_steps", {"judge": "heuristic"})]
 
 
 # ---- fixtures and helpers ------------------------------------------------------------------------
@@ -248,7 +249,7 @@ async def test_a_killed_worker_loses_nothing_and_duplicates_nothing(
     rollout = [member(source, f"k-{g}", sample)
                for g in range(groups) for sample, source in enumerate((episodes.good[0], episodes.bad))]
     store = build_store(store_config)
-    rewards = [RewardSpec("exact_match"), RewardSpec(GATED, {"gate": str(gate)})]
+    rewards = [PluginSpec("exact_match"), PluginSpec(GATED, {"gate": str(gate)})]
     config = fleet(workers=2, concurrency=3, reclaim_idle_ms=2000, max_deliveries=100)
     async with RewardService(store_config, rewards, config,
                              tasks={episodes.task.id: episodes.task}) as service:
@@ -290,7 +291,7 @@ async def test_items_scored_twice_reach_the_learner_once(store_config: StoreConf
     rollout = [member(source, f"d-{g}", sample)
                for g in range(2) for sample, source in enumerate((episodes.good[0], episodes.bad))]
     store = build_store(store_config)
-    rewards = [RewardSpec("exact_match"), RewardSpec(GATED, {"gate": str(gate)})]
+    rewards = [PluginSpec("exact_match"), PluginSpec(GATED, {"gate": str(gate)})]
     config = fleet(workers=2, concurrency=len(rollout), reclaim_idle_ms=300, max_deliveries=10_000)
     async with RewardService(store_config, rewards, config,
                              tasks={episodes.task.id: episodes.task}) as service:
@@ -323,7 +324,7 @@ async def test_a_failing_plugin_is_retried_then_recorded(store_config: StoreConf
                                                          episodes: Episodes) -> None:
     rollout = [member(episodes.good[0], "f", 0), member(episodes.good[1], "f", 1)]
     store = build_store(store_config)
-    rewards = [RewardSpec("exact_match"), RewardSpec(FAILING, {"sample": 1})]
+    rewards = [PluginSpec("exact_match"), PluginSpec(FAILING, {"sample": 1})]
     config = fleet(workers=1, reclaim_idle_ms=200, max_deliveries=2)
     async with RewardService(store_config, rewards, config,
                              tasks={episodes.task.id: episodes.task}) as service:
@@ -412,9 +413,9 @@ def test_bad_settings_are_refused_with_their_name() -> None:
     # Plugins are checked in the driver, before any store or actor exists.
     config = StoreConfig(kind="redis", url="redis://127.0.0.1:1/0")
     with pytest.raises(RewardError, match="unknown option 'gama'"):
-        RewardService(config, [RewardSpec("exact_match", {"gama": 1})])
+        RewardService(config, [PluginSpec("exact_match", {"gama": 1})])
     with pytest.raises(RewardError, match="unknown reward kind 'no_such_reward'"):
-        RewardService(config, [RewardSpec("no_such_reward")])
+        RewardService(config, [PluginSpec("no_such_reward")])
     with pytest.raises(ValueError, match="at least one reward plugin"):
         RewardService(config, [])
 

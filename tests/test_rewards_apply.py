@@ -7,9 +7,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import ClassVar
 
+from envs.plugins import PluginSpec
 from envs.tasks import Task
 from rewards.apply import score_groups
-from rewards.base import RewardPlugin, RewardSpec
+from rewards.base import RewardPlugin
 from rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 
@@ -50,7 +51,7 @@ def rollout() -> list[Trajectory]:
 
 def test_a_failing_plugin_leaves_its_group_as_rolled_out_and_unscored() -> None:
     trajectories = rollout()
-    specs = [RewardSpec("exact_match"), RewardSpec("tests.test_rewards_apply:Boom", {"fail_on": "g1"})]
+    specs = [PluginSpec("exact_match"), PluginSpec("tests.test_rewards_apply:Boom", {"fail_on": "g1"})]
     assert asyncio.run(score_groups(specs, trajectories, TASKS)) == 2
     failed = [t for t in trajectories if t.uid == "g1"]
     assert all(t.outcome is None and t.turns[-1].reward is None for t in failed)  # exact_match's outcome undone
@@ -63,7 +64,7 @@ def test_a_failing_plugin_leaves_its_group_as_rolled_out_and_unscored() -> None:
 
 def test_a_plugin_past_its_time_is_a_failure_not_a_hang() -> None:
     trajectories = rollout()
-    specs = [RewardSpec("exact_match"), RewardSpec("tests.test_rewards_apply:Boom", {"fail_on": "g2", "sleep_s": 30})]
+    specs = [PluginSpec("exact_match"), PluginSpec("tests.test_rewards_apply:Boom", {"fail_on": "g2", "sleep_s": 30})]
     assert asyncio.run(score_groups(specs, trajectories, TASKS, timeout_s=0.2)) == 2
     late = [t for t in trajectories if t.uid == "g2"]
     assert all("TimeoutError: no result within score_timeout_s=0.2" in t.metadata["reward_error"]["error"]
@@ -71,16 +72,17 @@ def test_a_plugin_past_its_time_is_a_failure_not_a_hang() -> None:
 
 
 def test_turnstile_score_writes_an_unscored_group_and_credits_the_rest(tmp_path) -> None:  # noqa: ANN001
-    from cluster.score import EstimatorEntry, ScoreConfig, score_file
+    from cluster.score import ScoreConfig, score_file
     from envs.datasets.registry import DatasetConfig
+    from envs.plugins import PluginSpec
     from rollout.trajectory import load_trajectories, save_trajectories
 
     source, out = tmp_path / "rollout.jsonl", tmp_path / "scored.jsonl"
     save_trajectories(rollout(), source)
     config = ScoreConfig(data=DatasetConfig(kind="tests.user_plugins:three_questions", path="t"),
-                         rewards=[RewardSpec("exact_match"),
-                                  RewardSpec("tests.test_rewards_apply:Boom", {"fail_on": "g0"})],
-                         estimator=EstimatorEntry(name="grpo"))
+                         rewards=[PluginSpec("exact_match"),
+                                  PluginSpec("tests.test_rewards_apply:Boom", {"fail_on": "g0"})],
+                         estimator=PluginSpec(kind="grpo"))
     report = score_file(config, source, out)
     assert (report.trajectories, report.unscored) == (6, 2)  # (the file's tasks answer "0", "1", "2")
     written = load_trajectories(out)

@@ -12,6 +12,7 @@ import pytest
 
 from envs.chat_client import ChatClient, ChatClientConfig
 from envs.corpus_server import CorpusServer
+from envs.plugins import PluginSpec
 from envs.protocol import render_answer, render_tool_call
 from envs.synthetic.questions import QuestionConfig, generate_tasks
 from envs.synthetic.render import world_documents
@@ -19,7 +20,7 @@ from envs.synthetic.world import World, WorldConfig, generate_world
 from envs.tasks import Clue, Task
 from envs.tools.toolbox import Toolbox
 from envs.toolset import ToolsConfig, build_toolbox
-from rewards.base import RewardSpec, build_reward
+from rewards.base import build_reward
 from rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig, ClueRecoveryError, parse_clues
 from rewards.clues import ClueMatcher, ClueSteps, ClueStepsConfig, heuristic_events, step_score
 from rollout.chat import ChatFormat
@@ -152,7 +153,7 @@ async def test_expert_chains_get_the_events_of_their_clue_chain(chat: ChatFormat
     task = chain(tasks, hops)
     trajectory = await episode(task, ScriptedEngine(chat, tasks=tasks), toolbox, chat)
     assert trajectory.stop_reason is StopReason.ANSWERED
-    plugin = build_reward(RewardSpec("rewards.clues:ClueSteps"))
+    plugin = build_reward(PluginSpec("rewards.clues:ClueSteps"))
     await plugin.score(trajectory, task)
     events_T = [turn.events for turn in trajectory.turns]
     assert_chain_events(trajectory, task, events_T)
@@ -211,7 +212,7 @@ def llm_plugin(base_url: str, turns_per_call: int = 20) -> ClueSteps:
     options = {"judge": "llm", "llm": {"turns_per_call": turns_per_call},
                "client": {"base_url": base_url, "model": "step-judge", "api_key_env": "",
                           "backoff_s": 0.01}}
-    plugin = build_reward(RewardSpec("rewards.clues:ClueSteps", options))  # type: ignore[arg-type]
+    plugin = build_reward(PluginSpec("rewards.clues:ClueSteps", options))  # type: ignore[arg-type]
     assert isinstance(plugin, ClueSteps)
     return plugin
 

@@ -26,9 +26,9 @@ from envs.tools.base import JsonValue
 from rewards.base import (
     ENTRY_POINT_GROUP,
     REWARDS,
+    PluginSpec,
     RewardError,
     RewardPlugin,
-    RewardSpec,
     build_reward,
     resolve_reward,
 )
@@ -105,10 +105,10 @@ async def test_plugin_contract(kind: str, judge_server: ChatServer,
                                group: tuple[Task, list[Trajectory]]) -> None:
     cls = resolve_reward(kind)
     assert issubclass(cls, RewardPlugin) and dataclasses.is_dataclass(cls.config_type)
-    spec = RewardSpec(kind, options_for(kind, judge_server))
+    spec = PluginSpec(kind, options_for(kind, judge_server))
     assert pickle.loads(pickle.dumps(spec)) == spec  # what travels to a reward actor
     with pytest.raises(RewardError, match="unknown option 'no_such_option'"):
-        build_reward(RewardSpec(kind, {"no_such_option": 1}))
+        build_reward(PluginSpec(kind, {"no_such_option": 1}))
 
     task, trajectories = group
     plugin = build_reward(spec)
@@ -155,6 +155,6 @@ async def test_in_process_registration() -> None:
         """A plugin defined in a test: found by name without an entry point."""
 
     assert "test_double_penalty" in REWARDS.names()
-    assert isinstance(build_reward(RewardSpec("test_double_penalty")), DoublePenalty)
+    assert isinstance(build_reward(PluginSpec("test_double_penalty")), DoublePenalty)
     with pytest.raises(RewardError, match="already registered"):
         register_reward("test_double_penalty")(FormatPenalty)

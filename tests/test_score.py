@@ -45,7 +45,7 @@ def test_command_reports_and_rejects_bad_options(saved: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "scored.jsonl"
     with pytest.raises(SystemExit) as done:
-        main(["score", "--in", str(saved), "--out", str(out), "estimator.name=grpo"])
+        main(["score", "--in", str(saved), "--out", str(out), "estimator.kind=grpo"])
     assert done.value.code == 0 and "scored 3 trajectories in 1 groups" in capsys.readouterr().out
     with pytest.raises(SystemExit) as done:
         main(["score", "--in", str(saved), "--out", str(out), "estimator.options={gama: 0.5}"])

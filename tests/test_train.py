@@ -12,10 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from cluster.cli import main
 from cluster.config import load_config
-from cluster.score import EstimatorEntry
 from cluster.train import TrainError, TrainJob, check, learning_line, run_train, step_tasks, trainable
+from envs.plugins import PluginSpec
 from envs.tasks import Task
-from rewards.base import RewardSpec
 from rollout.model_store import BUILD_INFO, WARM_MODEL, ensure_default_model, resolve_model
 from rollout.trajectory import Segment, StopReason, Trajectory, Turn, load_trajectories
 
@@ -65,8 +64,8 @@ def test_bad_settings_are_named() -> None:
         TrainJob(mode="turbo")
     with pytest.raises(ValueError, match="steps=0 must be >= 1"):
         TrainJob(steps=0)
-    with pytest.raises(TrainError, match=r"estimator.name: unknown estimator 'nope'"):
-        check(TrainJob(estimator=EstimatorEntry(name="nope")))
+    with pytest.raises(TrainError, match=r"estimator.kind: unknown estimator 'nope'"):
+        check(TrainJob(estimator=PluginSpec(kind="nope")))
 
 
 def test_the_example_is_the_embedded_default() -> None:
@@ -160,7 +159,7 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
                  f"store.kind={store}", f"store.namespace=t{tmp_path.name}",
                  "rollout.fleet.episodes_per_worker=16", *([f"store.url={redis_url}"] if store == "redis" else [])]
     job = load_config(TrainJob, EXAMPLE, overrides)
-    job.rewards.append(RewardSpec("information_gain"))  # scored by the version that generated each sample
+    job.rewards.append(PluginSpec("information_gain"))  # scored by the version that generated each sample
     state = run_train(job, progress=False)
     assert state.step == 3 and state.weights_version == 3
     # Admission: never more than (η + version + 1) batches of samples started.
@@ -250,11 +249,11 @@ def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Pa
 
     from cluster.console import TrainConsole
     from cluster.train import Run
-    from rewards.base import RewardSpec
+    from envs.plugins import PluginSpec
 
     job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
-    job.rewards = [RewardSpec("tests.user_plugins:PolicyScore"), RewardSpec("exact_match"),
-                   RewardSpec("information_gain", {"model": "own"})]
+    job.rewards = [PluginSpec("tests.user_plugins:PolicyScore"), PluginSpec("exact_match"),
+                   PluginSpec("information_gain", {"model": "own"})]
     fleet = SimpleNamespace(pool=None)
     run = Run(job, tmp_path, None, fleet, [], [], None, None, TrainConsole(1, live=False))  # type: ignore[arg-type]
     assert [spec.options for spec in run.reward_specs()] == [{}, {}, {"model": "own"}]  # no archive yet

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="trajectories written by turnstile rollout")
     parser.add_argument("--out", metavar="FILE.jsonl", required=True, help="where to write them scored")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides, e.g. estimator.name=grpo")
+                        help="config overrides, e.g. estimator.kind=grpo")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     stats = "".join(f"  {key}={value:.6f}" for key, value in report.stats.items())
     print(f"scored {report.trajectories} trajectories in {report.groups} groups with "
-          f"{', '.join(r.kind for r in cfg.rewards)}; credit: {cfg.estimator.name}{stats}")
+          f"{', '.join(r.kind for r in cfg.rewards)}; credit: {cfg.estimator.kind}{stats}")
     if report.unscored:
         print(f"{report.unscored} trajectories are unscored (a reward plugin failed on their group; "
               "outcome null, the reason in metadata.reward_error) and got no credit")

@@ -4,7 +4,7 @@ Code that runs credit assignment (the learner, ``turnstile credit``) names an es
 and looks it up here; it never lists the estimators itself. A new estimator is a subclass of
 :class:`Estimator`: decorated with :func:`register` in a module that ``learner.credit`` imports,
 declared under the entry-point group ``turnstile.estimators``, or named as ``package.module:Class``
-(``estimator.name=mypkg.credit:Mine``, ``turnstile credit --estimator mypkg.credit:Mine``).
+(``estimator.kind=mypkg.credit:Mine``, ``turnstile credit --estimator mypkg.credit:Mine``).
 """
 
 from __future__ import annotations
