@@ -10,7 +10,7 @@ share a task) before the learner turns the fields into advantages. Plugins are c
         options: {format_penalty: true}
       - kind: mypkg.rewards:Mine     # or an import path, no registration needed
 
-Each plugin class carries a typed options dataclass (``config_type``); :func:`build_reward` merges the
+Each plugin class carries a typed options dataclass (``Options``); :func:`build_reward` merges the
 spec's ``options`` into it and rejects an unknown option by name, so a typo never falls back to a
 default. The registry never lists plugins itself: packages declare them as entry points, and
 :func:`register_reward` adds one in process (tests, notebooks).
@@ -50,7 +50,7 @@ class RewardPlugin(abc.ABC):
     """Scores finished trajectories by writing reward fields into them.
 
     Contract:
-    - ``config_type`` is the plugin's options dataclass; the plugin is built as ``Cls(config)``
+    - ``Options`` is the plugin's options dataclass; the plugin is built as ``Cls(config)``
       (by :func:`build_reward`). Heavy clients are built there or lazily, never pickled.
     - ``writes`` names every field the plugin may write, as ``"trajectory.<field>"`` or
       ``"turn.<field>"`` (fields of :class:`~rollout.trajectory.Trajectory` and
@@ -66,7 +66,7 @@ class RewardPlugin(abc.ABC):
       version that generated it, unless the config sets either.
     """
 
-    config_type: ClassVar[type] = NoOptions
+    Options: ClassVar[type] = NoOptions
     writes: ClassVar[frozenset[str]] = frozenset()
     scores_with_policy: ClassVar[bool] = False
 
@@ -99,8 +99,11 @@ def resolve_reward(kind: str) -> PluginClass:
 def reward_options(spec: PluginSpec) -> object:
     """The plugin's typed options from ``spec`` (a RewardError names an unknown or bad one); a driver
     calls it to refuse a config before anything starts."""
-    return typed_options(resolve_reward(spec.kind).config_type, spec.options, f"reward {spec.kind!r}",
-                         error=RewardError)
+    cls = resolve_reward(spec.kind)
+    if any("config_type" in vars(klass) for klass in cls.__mro__):
+        raise RewardError(f"reward {spec.kind!r}: its class declares 'config_type'; the options dataclass "
+                          f"is now named 'Options', as estimators' and engines' are")
+    return typed_options(cls.Options, spec.options, f"reward {spec.kind!r}", error=RewardError)
 
 
 def build_reward(spec: PluginSpec) -> RewardPlugin:

@@ -335,7 +335,7 @@ class ClueSteps(RewardPlugin):
     tests and the reward service may pass their own.
     """
 
-    config_type = ClueStepsConfig
+    Options = ClueStepsConfig
     writes: ClassVar[frozenset[str]] = frozenset({"turn.events", "turn.step_score"})
 
     def __init__(self, config: ClueStepsConfig, client: ChatClient | None = None,

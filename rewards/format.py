@@ -54,7 +54,7 @@ def final_turn_penalty(trajectory: Trajectory, lambda_fmt: float = DEFAULT_LAMBD
 class FormatPenalty(RewardPlugin):
     """Writes ``turn.reward = −λ_fmt`` on every malformed non-final turn (and nothing elsewhere)."""
 
-    config_type = FormatConfig
+    Options = FormatConfig
     writes: ClassVar[frozenset[str]] = frozenset({"turn.reward"})
 
     def __init__(self, config: FormatConfig) -> None:

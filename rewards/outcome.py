@@ -78,14 +78,14 @@ class _Outcome(RewardPlugin):
 
 
 class ExactMatch(_Outcome):
-    config_type = OutcomeConfig
+    Options = OutcomeConfig
 
     async def answer_score(self, trajectory: Trajectory, task: Task) -> float:
         return float(answer_matches(trajectory.answer, task.answers))
 
 
 class TokenF1(_Outcome):
-    config_type = OutcomeConfig
+    Options = OutcomeConfig
 
     async def answer_score(self, trajectory: Trajectory, task: Task) -> float:
         return best_f1(trajectory.answer, task.answers)
@@ -155,7 +155,7 @@ class LlmJudgeConfig(OutcomeConfig):
 class LlmJudge(_Outcome):
     """See the module docstring. Writes the verdict to ``trajectory.metadata["llm_judge"]``."""
 
-    config_type = LlmJudgeConfig
+    Options = LlmJudgeConfig
     writes: ClassVar[frozenset[str]] = frozenset({"trajectory.outcome", "trajectory.metadata"})
 
     def __init__(self, config: LlmJudgeConfig, client: ChatClient | None = None) -> None:

@@ -51,6 +51,8 @@ def test_a_users_reward_by_import_path() -> None:
         build_reward(PluginSpec("tests.user_plugins:AnswerLength", {"per_word": 1}))
     with pytest.raises(RewardError, match="not a RewardPlugin class"):
         resolve_reward("tests.user_plugins:Constant")
+    with pytest.raises(RewardError, match="declares 'config_type'; the options dataclass is now named 'Options'"):
+        build_reward(PluginSpec("tests.user_plugins:OldStyle", {"per_char": 0.5}))
 
 
 def test_a_users_dataset_and_engine_by_import_path() -> None:

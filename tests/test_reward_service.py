@@ -66,7 +66,7 @@ class GateOptions:
 class GatedPlugin(RewardPlugin):
     """Writes nothing; holds each trajectory until the gate file exists."""
 
-    config_type = GateOptions
+    Options = GateOptions
     writes: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: GateOptions) -> None:
@@ -83,7 +83,7 @@ class FailOptions:
 
 
 class FailingPlugin(RewardPlugin):
-    config_type = FailOptions
+    Options = FailOptions
     writes: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: FailOptions) -> None:

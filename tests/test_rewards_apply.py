@@ -23,7 +23,7 @@ class BoomOptions:
 class Boom(RewardPlugin):
     """Reads the outcome an earlier plugin wrote; raises, or sleeps, on one group."""
 
-    config_type: ClassVar[type] = BoomOptions
+    Options: ClassVar[type] = BoomOptions
     writes: ClassVar[frozenset[str]] = frozenset({"turn.reward"})
 
     def __init__(self, options: BoomOptions) -> None:

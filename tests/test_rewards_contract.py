@@ -85,7 +85,7 @@ async def group() -> tuple[Task, list[Trajectory]]:
 
 
 def options_for(kind: str, server: ChatServer) -> dict[str, JsonValue]:
-    fields = {f.name for f in dataclasses.fields(resolve_reward(kind).config_type)}
+    fields = {f.name for f in dataclasses.fields(resolve_reward(kind).Options)}
     if "client" not in fields:
         return {}
     return {"client": {"base_url": server.base_url, "model": "contract", "api_key_env": ""}}
@@ -104,7 +104,7 @@ def changed_fields(before: Trajectory, after: Trajectory) -> set[str]:
 async def test_plugin_contract(kind: str, judge_server: ChatServer,
                                group: tuple[Task, list[Trajectory]]) -> None:
     cls = resolve_reward(kind)
-    assert issubclass(cls, RewardPlugin) and dataclasses.is_dataclass(cls.config_type)
+    assert issubclass(cls, RewardPlugin) and dataclasses.is_dataclass(cls.Options)
     spec = PluginSpec(kind, options_for(kind, judge_server))
     assert pickle.loads(pickle.dumps(spec)) == spec  # what travels to a reward actor
     with pytest.raises(RewardError, match="unknown option 'no_such_option'"):

@@ -58,7 +58,7 @@ class LengthOptions:
 class AnswerLength(RewardPlugin):
     """The outcome is the answer's length times ``per_char``."""
 
-    config_type: ClassVar[type] = LengthOptions
+    Options: ClassVar[type] = LengthOptions
     writes: ClassVar[frozenset[str]] = frozenset({"trajectory.outcome"})
 
     def __init__(self, options: LengthOptions) -> None:
@@ -66,6 +66,12 @@ class AnswerLength(RewardPlugin):
 
     async def score(self, trajectory: Trajectory, task: Task) -> None:
         trajectory.outcome = len(trajectory.answer or "") * self.options.per_char
+
+
+class OldStyle(AnswerLength):
+    """A plugin written before issue 38, its options class under the old name."""
+
+    config_type: ClassVar[type] = LengthOptions
 
 
 def three_questions(cfg: DatasetConfig) -> list[Task]:
@@ -189,7 +195,7 @@ class PolicyScore(RewardPlugin):
     """A reward that scores with the policy's own weights (as information gain does): the driver
     hands it the run's weights archive."""
 
-    config_type: ClassVar[type] = PolicyScoreOptions
+    Options: ClassVar[type] = PolicyScoreOptions
     writes: ClassVar[frozenset[str]] = frozenset({"trajectory.outcome"})
     scores_with_policy: ClassVar[bool] = True
 

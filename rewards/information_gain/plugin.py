@@ -43,7 +43,7 @@ class InformationGainConfig:
 
 
 class InformationGain(RewardPlugin):
-    config_type: ClassVar[type] = InformationGainConfig
+    Options: ClassVar[type] = InformationGainConfig
     writes: ClassVar[frozenset[str]] = frozenset({"turn.ig_value"})
     scores_with_policy: ClassVar[bool] = True
 
