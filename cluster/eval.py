@@ -36,7 +36,7 @@ from tqdm import tqdm
 from cluster.dispatch import Dispatcher
 from cluster.eval_metrics import benchmark_scores, mean_interval
 from cluster.metrics import browse_ratio
-from cluster.rollout import RolloutConfig, expert_engine, fleet, init_ray, servable_tasks, serve_corpus
+from cluster.rollout import RolloutJob, expert_engine, fleet, init_ray, servable_tasks, serve_corpus
 from cluster.synthesis import SynthesisConfig, final_report, synthesize, synthesize_with_policy
 from cluster.train import default_rollout
 from cluster.warm_start import DEFAULT_TASKS
@@ -91,12 +91,12 @@ def _default_benchmarks() -> list[BenchmarkConfig]:
 
 
 @dataclass
-class EvalConfig:
+class EvalJob:
     """One evaluation (``examples/eval.yaml``)."""
 
     benchmarks: list[BenchmarkConfig] = field(default_factory=_default_benchmarks)
     k: int = 4  # samples per question
-    rollout: RolloutConfig = field(default_factory=default_rollout)  # the policy and its environment
+    rollout: RolloutJob = field(default_factory=default_rollout)  # the policy and its environment
     synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)  # synth@n (cluster.synthesis)
     out: str = "runs/eval"
 
@@ -114,7 +114,7 @@ class EvalError(ValueError):
     """An evaluation that measured nothing: every sample it ran failed."""
 
 
-def run_eval(cfg: EvalConfig, progress: bool = True) -> dict[str, dict[str, object]]:
+def run_eval(cfg: EvalJob, progress: bool = True) -> dict[str, dict[str, object]]:
     """Run what ``OUT/results.jsonl`` lacks, then write and return the summary. Raises
     :class:`EvalError` when every sample this run ran failed (the rows stay, with their errors)."""
     out = Path(cfg.out)
@@ -201,7 +201,7 @@ def judge(trajectories: list[Trajectory], benches: dict[str, BenchmarkConfig],
     return trajectories
 
 
-def run_synthesis(cfg: EvalConfig, out: Path, task_lists: list[list[Task]], rows: list[dict],
+def run_synthesis(cfg: EvalJob, out: Path, task_lists: list[list[Task]], rows: list[dict],
                   reports: dict[tuple[str, str, int], str]) -> dict[str, dict[str, list[float]]]:
     """synth@n for every benchmark (``OUT/synthesis.jsonl``, resumable like the results): the
     synthesis model over the first n samples' final reports, judged by the benchmark's judge. A
@@ -254,7 +254,7 @@ def run_synthesis(cfg: EvalConfig, out: Path, task_lists: list[list[Task]], rows
     return scores
 
 
-async def synthesizer(cfg: EvalConfig, jobs: list[tuple[str, list[str]]]) -> list[str | Exception | None]:
+async def synthesizer(cfg: EvalJob, jobs: list[tuple[str, list[str]]]) -> list[str | Exception | None]:
     """The configured synthesis model's answers: the endpoint's, or the evaluated policy's."""
     if cfg.synthesis.synthesizer == "policy":
         return await synthesize_with_policy(cfg.rollout.engine, resolve_model(cfg.rollout.engine.model),
@@ -317,7 +317,7 @@ def _json_lines(path: Path) -> Iterator[dict]:
                 yield row
 
 
-def summarize_results(cfg: EvalConfig, rows: Iterator[dict], task_lists: list) -> dict[str, dict[str, object]]:
+def summarize_results(cfg: EvalJob, rows: Iterator[dict], task_lists: list) -> dict[str, dict[str, object]]:
     """Per benchmark: its questions, k and the scores over the questions that have all k samples;
     with them, per question over its k samples, the share answered and the share of turns well
     formed (the protocol: a model that writes none never reaches its tools)."""

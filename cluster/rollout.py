@@ -91,8 +91,9 @@ class FleetConfig:
 
 
 @dataclass
-class RolloutConfig:
-    """One rollout experiment (``examples/*.yaml``)."""
+class RolloutJob:
+    """One rollout experiment (``turnstile rollout``, ``examples/rollout*.yaml``); also the ``rollout:``
+    section of the train, eval and sft jobs, which run it."""
 
     data: DatasetConfig = field(default_factory=lambda: DatasetConfig(kind="synthetic", path="", limit=8))
     group_size: int = 4  # G samples per task
@@ -109,7 +110,7 @@ class RolloutConfig:
             raise ValueError(f"group_size={self.group_size} must be >= 1 (samples per task)")
 
 
-def run_rollout(cfg: RolloutConfig, out: Path, progress: bool = True) -> RolloutSummary:
+def run_rollout(cfg: RolloutJob, out: Path, progress: bool = True) -> RolloutSummary:
     """Run every task's G samples and write the trajectories to ``out`` (JSONL, as they arrive)."""
     started = time.monotonic()
     init_ray(cfg.ray)

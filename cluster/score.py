@@ -26,7 +26,7 @@ from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
 
 @dataclass
-class ScoreConfig:
+class ScoreJob:
     """Which tasks the trajectories answer, how to reward them, and how to assign credit."""
 
     data: DatasetConfig = field(default_factory=lambda: DatasetConfig(kind="synthetic", path=""))
@@ -44,12 +44,12 @@ class ScoreReport:
     unscored: int = 0  # a reward plugin failed on them: outcome None, metadata["reward_error"]
 
 
-def score_file(cfg: ScoreConfig, source: Path, out: Path) -> ScoreReport:
+def score_file(cfg: ScoreJob, source: Path, out: Path) -> ScoreReport:
     """Score ``source`` into ``out`` (see the module docstring)."""
     return asyncio.run(score_saved(cfg, source, out))
 
 
-async def score_saved(cfg: ScoreConfig, source: Path, out: Path) -> ScoreReport:
+async def score_saved(cfg: ScoreJob, source: Path, out: Path) -> ScoreReport:
     trajectories = load_trajectories(source)
     if not trajectories:
         raise ValueError(f"{source} holds no trajectories")

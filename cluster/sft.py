@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cluster.rollout import RayConfig, RolloutConfig, init_ray, run_rollout
+from cluster.rollout import RayConfig, RolloutJob, init_ray, run_rollout
 from envs.datasets.registry import DatasetConfig
 from envs.env import EnvConfig
 from learner.batch import Sample
@@ -33,8 +33,8 @@ from rollout.model_store import RUN_MODEL, resolve_model
 from rollout.trajectory import load_trajectories
 
 
-def _eval_rollout() -> RolloutConfig:
-    rollout = RolloutConfig()
+def _eval_rollout() -> RolloutJob:
+    rollout = RolloutJob()
     rollout.data = DatasetConfig(kind="synthetic", path="", split="eval", limit=8)
     rollout.group_size = 2
     rollout.engine.kind = "hf"
@@ -58,7 +58,7 @@ class SftDataConfig:
 class SftEvalConfig:
     every: int = 0  # evaluate every N steps as well; 0 = only before and after training
     before: bool = True
-    rollout: RolloutConfig = field(default_factory=_eval_rollout)
+    rollout: RolloutJob = field(default_factory=_eval_rollout)
 
 
 @dataclass

@@ -38,7 +38,7 @@ from cluster.metrics import (
 )
 from cluster.rollout import (
     RayConfig,
-    RolloutConfig,
+    RolloutJob,
     collect,
     expert_engine,
     fleet,
@@ -75,11 +75,11 @@ MODES = ("sync", "async")
 ENVIRONMENT_FAULTS = ("mask", "keep", "drop_group")  # what training does with an environment-decided episode
 
 
-def default_rollout() -> RolloutConfig:
+def default_rollout() -> RolloutJob:
     """The embedded default (as examples/train.yaml): synthetic questions answered on one page, the
     warm start on vLLM with the corpus where its data was served, 4 samples per task, the scripted
     expert's episode settings."""
-    rollout = RolloutConfig()
+    rollout = RolloutJob()
     rollout.data = DatasetConfig(kind="synthetic", path="", split="train", options=dict(DEFAULT_TASKS))
     rollout.group_size = 4
     rollout.engine.model = WARM_MODEL
@@ -102,7 +102,7 @@ class TrainJob:
     steps: int = 10
     tasks_per_step: int = 8  # tasks per step; each gets rollout.group_size samples
     shuffle: bool = True  # train tasks in a new random order each pass (seed: learner.seed); false = list order
-    rollout: RolloutConfig = field(default_factory=default_rollout)  # data, engine, fleet, episode, ...
+    rollout: RolloutJob = field(default_factory=default_rollout)  # data, engine, fleet, episode, ...
     eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
         kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)))  # all 110 held out
     rewards: list[PluginSpec] = field(default_factory=lambda: [PluginSpec("exact_match"), PluginSpec("format")])

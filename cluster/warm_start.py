@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster.rollout import RolloutConfig, run_rollout
+from cluster.rollout import RolloutJob, run_rollout
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.env import EnvConfig
 from envs.files import atomic_directory, atomic_path
@@ -284,7 +284,7 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
 
     expert = ExpertConfig(hasty_fraction=recipe.hasty_fraction, early_fraction=recipe.early_fraction)
     limit = recipe.limit if limit is None else limit
-    rollout = RolloutConfig()
+    rollout = RolloutJob()
     rollout.group_size = 1
     rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
     rollout.engine.scripted.hasty_fraction = recipe.hasty_fraction

@@ -19,7 +19,7 @@ import torch
 from cluster.autoscale import AutoscaleConfig, FleetView, Schedule, TargetLoad, build_policy
 from cluster.config import ConfigError, load_config
 from cluster.elastic import ElasticFleet, elastic_fleet
-from cluster.rollout import RolloutConfig, fleet_events, run_rollout, serve_corpus
+from cluster.rollout import RolloutJob, fleet_events, run_rollout, serve_corpus
 from envs.answers import answer_matches
 from rollout.engines.config import EngineConfig
 from rollout.model_store import resolve_model
@@ -60,17 +60,17 @@ def test_schedule_follows_finished_episodes_and_refuses_bad_steps() -> None:
 
 def test_autoscale_settings_are_checked_when_the_config_loads() -> None:
     with pytest.raises(ConfigError, match="max_engines=1 must be >= min_engines=2"):
-        load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml",
+        load_config(RolloutJob, EXAMPLES / "rollout_scripted.yaml",
                     ["fleet.autoscale.min_engines=2", "fleet.autoscale.max_engines=1"])
     with pytest.raises(ConfigError, match="down_delay_s"):
-        load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml", ["fleet.autoscale.down_delay_s=-1"])
+        load_config(RolloutJob, EXAMPLES / "rollout_scripted.yaml", ["fleet.autoscale.down_delay_s=-1"])
 
 
-def sim_rollout(*extra: str) -> RolloutConfig:
+def sim_rollout(*extra: str) -> RolloutJob:
     # The scripted expert at a model server's pace (20 ms a token, 4 sequences per replica) on
     # one-relation questions (about 5 turns): an episode takes seconds, so the fleet changes while
     # episodes run.
-    return load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml", [
+    return load_config(RolloutJob, EXAMPLES / "rollout_scripted.yaml", [
         "data.limit=8", "group_size=4", "engine.kind=sim", f"data.options={ONE_HOP}",
         "engine.options={decode_s_per_token: 0.02, concurrency: 4}", "fleet.workers=1",
         "fleet.episodes_per_worker=4", "fleet.engine_cpus=0.5", "fleet.worker_cpus=0.5",
@@ -143,7 +143,7 @@ async def test_a_replica_that_joins_or_replaces_serves_the_published_weights(ray
     model = str(resolve_model(""))
     rollout = sim_rollout()
     steps = "[{after: 0, engines: 2, workers: 1}]"
-    config = load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml", [
+    config = load_config(RolloutJob, EXAMPLES / "rollout_scripted.yaml", [
         "fleet.engine_cpus=0.5", "fleet.worker_cpus=0.5", "fleet.autoscale.enabled=true",
         "fleet.autoscale.kind=schedule", f"fleet.autoscale.options={{steps: {steps}}}",
         "fleet.autoscale.up_delay_s=0", "fleet.autoscale.interval_s=0.2"]).fleet
@@ -220,7 +220,7 @@ def stuck_fleet(tmp_path: Path, replicas: int, hang: list[int], fail: list[int])
     """``replicas`` replicas of the scripted expert whose weight update hangs on ``hang`` and raises
     on ``fail``, with a publish time-out of 2 s; the fleet and its actors' name prefix."""
     rollout = sim_rollout()
-    config = load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml", [
+    config = load_config(RolloutJob, EXAMPLES / "rollout_scripted.yaml", [
         f"fleet.engine_replicas={replicas}", "fleet.engine_cpus=0.5", "fleet.worker_cpus=0.5",
         "fleet.publish_timeout_s=2", "fleet.autoscale.interval_s=0.2"]).fleet
     engine = EngineConfig(kind="tests.user_plugins:StuckUpdateExpert", options={"hang": hang, "fail": fail})

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster.config import load_config
-from cluster.eval import BenchmarkConfig, EvalConfig, judge, result_row, run_synthesis, summarize_results
+from cluster.eval import BenchmarkConfig, EvalJob, judge, result_row, run_synthesis, summarize_results
 from cluster.eval_metrics import pass_at_k
 from cluster.synthesis import SynthesisConfig
 from envs.chat_client import ChatClientConfig
@@ -144,7 +144,7 @@ def test_bad_settings_are_refused_before_anything_starts(tmp_path: Path) -> None
                             (["benchmarks=[{data: {kind: jsonl, path: x}, judge: {kind: f1, options: {beta: 2}}}]"],
                              "beta")):
         with pytest.raises(ValueError, match=words):
-            load_config(EvalConfig, EXAMPLE, override)
+            load_config(EvalJob, EXAMPLE, override)
     result = subprocess.run([TURNSTILE, "eval", "k=0", f"out={tmp_path}"], cwd=REPO,
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 2 and "k=0 must be >= 1" in result.stdout and "Traceback" not in result.stderr
@@ -194,7 +194,7 @@ def test_the_judge_scores_each_sample_and_f1_is_reported_beside_exact_match() ->
     assert [row["correct"] for row in rows] == [False, True, False]
     assert [row["score"] for row in rows] == [pytest.approx(2 / 3), 1.0, 0.0]
     assert rows[0]["answer"] == "Paris" and rows[2]["answer"] is None and rows[2]["answer_key"] is None
-    cfg = EvalConfig(benchmarks=[bench], k=3)
+    cfg = EvalJob(benchmarks=[bench], k=3)
     summary = summarize_results(cfg, iter(rows), [[task]])["qa"]
     assert summary["tasks"] == 1 and summary["f1@3"][0] == pytest.approx((2 / 3 + 1) / 3)
     assert summary["pass@1"][0] == pytest.approx(1 / 3) and summary["pass@3"][0] == 1.0
@@ -219,7 +219,7 @@ def test_synth_at_n_reads_the_first_n_reports_through_a_local_openai_server(tmp_
         synthesis = SynthesisConfig(enabled=True, ns=[1, 2, 4, 8],
                                     client=ChatClientConfig(base_url=server.base_url, model="synth", api_key_env="",
                                                             max_attempts=1))
-        cfg = EvalConfig(benchmarks=[bench], k=4, synthesis=synthesis)
+        cfg = EvalJob(benchmarks=[bench], k=4, synthesis=synthesis)
         scores = run_synthesis(cfg, tmp_path, [tasks], rows, {})["qa"]
         asked = server.log.count
     assert set(scores) == {"synth@1", "synth@2", "synth@4"}  # 8 > k
@@ -262,7 +262,7 @@ def test_the_policy_itself_synthesizes_on_its_own_engine_within_its_context_budg
         rollout.engine.kind, rollout.engine.model = "openai", "tiny-qwen3"
         rollout.engine.options = {"base_url": server.base_url, "model": "api-model", "api_key_env": ""}
         rollout.episode.max_new_tokens, rollout.episode.context_budget = 64, 1024
-        cfg = EvalConfig(benchmarks=[bench], k=4, rollout=rollout,
+        cfg = EvalJob(benchmarks=[bench], k=4, rollout=rollout,
                          synthesis=SynthesisConfig(enabled=True, ns=[1, 2, 4], synthesizer="policy"))
         scores = run_synthesis(cfg, tmp_path, [tasks], rows, {})["qa"]
     assert scores["synth@1"][0] == 0.0 and scores["synth@2"][0] == 1.0 and scores["synth@4"][0] == 1.0

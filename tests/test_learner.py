@@ -18,7 +18,7 @@ import pytest_asyncio
 import torch
 
 from cluster.config import load_config
-from cluster.score import ScoreConfig, score_saved
+from cluster.score import ScoreJob, score_saved
 from learner.batch import Sample
 from learner.credit.registry import build_estimator, estimator_class
 from learner.publish import PublishError, publish, write_checkpoint
@@ -189,7 +189,7 @@ async def vllm_engine():  # noqa: ANN201
 async def test_rl_step_on_scored_trajectories_then_publish_to_vllm(
         learner: Learner, saved: Path, tmp_path: Path, vllm_engine) -> None:  # noqa: ANN001, F811
     """turnstile score's output → an RL step → the vLLM engine serves the new version."""
-    config = load_config(ScoreConfig, EXAMPLE)
+    config = load_config(ScoreJob, EXAMPLE)
     await score_saved(config, saved, tmp_path / "scored.jsonl")
     trajectories = load_trajectories(tmp_path / "scored.jsonl")
     assert len(trajectories) == 3

@@ -72,14 +72,14 @@ def test_a_plugin_past_its_time_is_a_failure_not_a_hang() -> None:
 
 
 def test_turnstile_score_writes_an_unscored_group_and_credits_the_rest(tmp_path) -> None:  # noqa: ANN001
-    from cluster.score import ScoreConfig, score_file
+    from cluster.score import ScoreJob, score_file
     from envs.datasets.registry import DatasetConfig
     from envs.plugins import PluginSpec
     from rollout.trajectory import load_trajectories, save_trajectories
 
     source, out = tmp_path / "rollout.jsonl", tmp_path / "scored.jsonl"
     save_trajectories(rollout(), source)
-    config = ScoreConfig(data=DatasetConfig(kind="tests.user_plugins:three_questions", path="t"),
+    config = ScoreJob(data=DatasetConfig(kind="tests.user_plugins:three_questions", path="t"),
                          rewards=[PluginSpec("exact_match"),
                                   PluginSpec("tests.test_rewards_apply:Boom", {"fail_on": "g0"})],
                          estimator=PluginSpec(kind="grpo"))

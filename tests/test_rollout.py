@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cluster.config import load_config
-from cluster.rollout import RolloutConfig, run_rollout
+from cluster.rollout import RolloutJob, run_rollout
 from envs.answers import answer_matches
 from rollout.trajectory import StopReason, load_trajectories
 from tests.tools_for_tests import WorkerKiller
@@ -18,15 +18,15 @@ pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def scripted(limit: int, group: int, workers: int = 2, per_worker: int = 4) -> RolloutConfig:
-    return load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml",
+def scripted(limit: int, group: int, workers: int = 2, per_worker: int = 4) -> RolloutJob:
+    return load_config(RolloutJob, EXAMPLES / "rollout_scripted.yaml",
                        [f"data.limit={limit}", f"group_size={group}", f"fleet.workers={workers}",
                         f"fleet.episodes_per_worker={per_worker}"])
 
 
 def test_every_example_config_loads() -> None:
     for path in sorted(EXAMPLES.glob("rollout*.yaml")):
-        assert isinstance(load_config(RolloutConfig, path), RolloutConfig), path
+        assert isinstance(load_config(RolloutJob, path), RolloutJob), path
 
 
 def check_file(out: Path, expected: set[tuple[str, int]]) -> list:
@@ -65,7 +65,7 @@ def test_killed_worker_episodes_are_rerun_not_lost(ray_local: None, tmp_path: Pa
 
 
 def test_vllm_rollout_writes_trajectories(ray_local: None, tmp_path: Path) -> None:
-    cfg = load_config(RolloutConfig, EXAMPLES / "rollout.yaml", ["data.limit=2", "group_size=2"])
+    cfg = load_config(RolloutJob, EXAMPLES / "rollout.yaml", ["data.limit=2", "group_size=2"])
     out = tmp_path / "vllm.jsonl"
     summary = run_rollout(cfg, out, progress=False)
     tasks = {t.uid for t in load_trajectories(out)}
@@ -86,7 +86,7 @@ LIMITS = {"iter_research": ["episode.env.max_turns=24"], "discard_all": []}
 
 @pytest.mark.parametrize("kind", ["iter_research", "discard_all"])
 def test_other_context_managers_roll_out(ray_local: None, tmp_path: Path, kind: str) -> None:
-    cfg = load_config(RolloutConfig, EXAMPLES / f"rollout_{kind}.yaml",
+    cfg = load_config(RolloutJob, EXAMPLES / f"rollout_{kind}.yaml",
                       ["data.limit=2", "group_size=2", "episode.max_new_tokens=64", *LIMITS[kind]])
     out = tmp_path / f"{kind}.jsonl"
     summary = run_rollout(replace(cfg), out, progress=False)
@@ -101,7 +101,7 @@ def test_other_context_managers_roll_out(ray_local: None, tmp_path: Path, kind: 
 def test_hostile_turns_do_not_end_the_run(ray_local: None, tmp_path: Path) -> None:
     from tests.hostile import HOSTILE_TURNS
 
-    cfg = load_config(RolloutConfig, EXAMPLES / "rollout_scripted.yaml",
+    cfg = load_config(RolloutJob, EXAMPLES / "rollout_scripted.yaml",
                       ["data.limit=3", "group_size=2", "fleet.workers=1", "engine.kind=tests.hostile:HostileEngine",
                        "episode.max_new_tokens=4096"])
     out = tmp_path / "hostile.jsonl"
@@ -157,7 +157,7 @@ def test_an_engine_that_cannot_start_ends_the_run_once_saying_why(ray_local: Non
 def test_a_second_env_runs_through_the_same_rollout(ray_local: None, tmp_path: Path) -> None:
     # The calculator environment and the arithmetic dataset, chosen by config alone; the policy is a
     # user's scripted engine (tests.user_plugins) that is right in sample 0 and off by one in sample 1.
-    cfg = load_config(RolloutConfig, EXAMPLES / "rollout_calculator.yaml",
+    cfg = load_config(RolloutJob, EXAMPLES / "rollout_calculator.yaml",
                       ["data.limit=3", "group_size=2", "engine.kind=tests.user_plugins:CalculatorExpert"])
     out = tmp_path / "calculator.jsonl"
     summary = run_rollout(cfg, out, progress=False)

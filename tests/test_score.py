@@ -8,7 +8,7 @@ import pytest
 
 from cluster.cli import main
 from cluster.config import load_config
-from cluster.score import ScoreConfig, score_saved
+from cluster.score import ScoreJob, score_saved
 from rollout.trajectory import load_trajectories, save_trajectories
 from tests.test_episode import BASE, Stubborn, chain, episode
 
@@ -30,7 +30,7 @@ async def saved(tmp_path: Path, tasks, expert, toolbox, chat) -> Path:  # noqa: 
 
 async def test_rewards_and_credit_are_written(saved: Path, tmp_path: Path) -> None:
     out = tmp_path / "scored.jsonl"
-    report = await score_saved(load_config(ScoreConfig, EXAMPLE), saved, out)
+    report = await score_saved(load_config(ScoreJob, EXAMPLE), saved, out)
     scored = load_trajectories(out)
     assert report.trajectories == 3 and report.groups == 1
     assert [t.outcome for t in scored] == [1.0, 1.0, -1.0]  # the stubborn one never answers: -λ_fmt

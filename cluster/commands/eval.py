@@ -30,14 +30,14 @@ def run(args: argparse.Namespace) -> int:
 
     from cluster.config import dump_config, load_config
     from cluster.dispatch import NoWorkersLeft
-    from cluster.eval import EvalConfig, render, run_eval
+    from cluster.eval import EvalJob, render, run_eval
     from cluster.rollout import init_ray
     from envs.corpus_server import CorpusServerError
     from rollout.errors import describe_error
     from rollout.fleet import EngineStartError
 
     try:
-        cfg = load_config(EvalConfig, args.config, args.overrides)
+        cfg = load_config(EvalJob, args.config, args.overrides)
     except ValueError as error:  # ConfigError and the config's own checks
         print(f"turnstile eval: {error}")
         return 2

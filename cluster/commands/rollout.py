@@ -31,13 +31,13 @@ def run(args: argparse.Namespace) -> int:
 
     from cluster.config import ConfigError, dump_config, load_config
     from cluster.dispatch import NoWorkersLeft
-    from cluster.rollout import RolloutConfig, init_ray, rollout_logs, run_rollout
+    from cluster.rollout import RolloutJob, init_ray, rollout_logs, run_rollout
     from envs.corpus_server import CorpusServerError
     from rollout.errors import describe_error
     from rollout.fleet import EngineStartError
 
     try:
-        cfg = load_config(RolloutConfig, args.config, args.overrides)
+        cfg = load_config(RolloutJob, args.config, args.overrides)
     except ConfigError as error:
         print(f"turnstile rollout: {error}")
         return 2

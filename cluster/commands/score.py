@@ -24,13 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from cluster.config import ConfigError, load_config
-    from cluster.score import ScoreConfig, score_file
+    from cluster.score import ScoreJob, score_file
     from learner.credit import CreditInputError
     from rewards.base import RewardError
     from rollout.trajectory import TrajectoryError
 
     try:
-        cfg = load_config(ScoreConfig, args.config, args.overrides)
+        cfg = load_config(ScoreJob, args.config, args.overrides)
     except ConfigError as error:
         print(f"turnstile score: {error}")
         return 2
