@@ -33,13 +33,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from cluster.defaults import default_eval_data, default_rollout
 from cluster.dispatch import Dispatcher
 from cluster.eval_metrics import benchmark_scores, mean_interval
 from cluster.metrics import browse_ratio
 from cluster.rollout import RolloutJob, expert_engine, fleet, init_ray, servable_tasks, serve_corpus
 from cluster.synthesis import SynthesisConfig, final_report, synthesize, synthesize_with_policy
-from cluster.train import default_rollout
-from cluster.warm_start import DEFAULT_TASKS
 from envs.answers import normalize_answer
 from envs.datasets.registry import DatasetConfig
 from envs.plugins import PluginSpec
@@ -86,8 +85,7 @@ class BenchmarkConfig:
 
 
 def _default_benchmarks() -> list[BenchmarkConfig]:
-    return [BenchmarkConfig(DatasetConfig(kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)),
-                            name="synthetic-heldout")]
+    return [BenchmarkConfig(default_eval_data(), name="synthetic-heldout")]
 
 
 @dataclass

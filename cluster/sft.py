@@ -20,28 +20,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from cluster.defaults import sft_eval_rollout
 from cluster.rollout import RayConfig, RolloutJob, init_ray, run_rollout
-from envs.datasets.registry import DatasetConfig
-from envs.env import EnvConfig
 from learner.batch import Sample
 from learner.publish import replace_model
 from learner.sft import load_sft_samples, well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rollout.chat import ChatFormat
-from rollout.episode import EpisodeConfig
 from rollout.model_store import RUN_MODEL, resolve_model
 from rollout.trajectory import load_trajectories
-
-
-def _eval_rollout() -> RolloutJob:
-    rollout = RolloutJob()
-    rollout.data = DatasetConfig(kind="synthetic", path="", split="eval", limit=8)
-    rollout.group_size = 2
-    rollout.engine.kind = "hf"
-    rollout.fleet.workers = 1
-    rollout.fleet.episodes_per_worker = 16
-    rollout.episode = EpisodeConfig(max_new_tokens=160, context_budget=2048, env=EnvConfig(max_turns=6))
-    return rollout
 
 
 @dataclass
@@ -58,7 +45,7 @@ class SftDataConfig:
 class SftEvalConfig:
     every: int = 0  # evaluate every N steps as well; 0 = only before and after training
     before: bool = True
-    rollout: RolloutJob = field(default_factory=_eval_rollout)
+    rollout: RolloutJob = field(default_factory=sft_eval_rollout)
 
 
 @dataclass

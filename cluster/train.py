@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cluster.console import Tally, TrainConsole
+from cluster.defaults import default_eval_data, default_rollout
 from cluster.dispatch import WorkerPool
 from cluster.elastic import ElasticFleet, fleet_demands
 from cluster.logs import LOGS
@@ -37,7 +38,6 @@ from cluster.metrics import (
     wilson_interval,
 )
 from cluster.rollout import (
-    RayConfig,
     RolloutJob,
     collect,
     expert_engine,
@@ -49,7 +49,6 @@ from cluster.rollout import (
 from cluster.room import Demand, check_room
 from cluster.score import find_tasks
 from cluster.train_async import async_loop
-from cluster.warm_start import DEFAULT_TASKS, WARM_CORPUS_PORT, default_episode
 from envs.datasets.registry import DatasetConfig
 from envs.files import atomic_write
 from envs.plugins import PluginSpec
@@ -65,7 +64,7 @@ from rewards.base import resolve_reward, reward_options
 from rewards.service import RewardServiceConfig
 from rollout.engines.registry import weight_sync
 from rollout.faults import VERDICT_KEY
-from rollout.model_store import RUN_MODEL, WARM_MODEL, resolve_model
+from rollout.model_store import RUN_MODEL, resolve_model
 from rollout.store import StoreConfig, build_store, check_durability
 from rollout.summary import nothing_ran
 from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
@@ -73,21 +72,6 @@ from rollout.workers import WorkerSpec
 
 MODES = ("sync", "async")
 ENVIRONMENT_FAULTS = ("mask", "keep", "drop_group")  # what training does with an environment-decided episode
-
-
-def default_rollout() -> RolloutJob:
-    """The embedded default (as examples/train.yaml): synthetic questions answered on one page, the
-    warm start on vLLM with the corpus where its data was served, 4 samples per task, the scripted
-    expert's episode settings."""
-    rollout = RolloutJob()
-    rollout.data = DatasetConfig(kind="synthetic", path="", split="train", options=dict(DEFAULT_TASKS))
-    rollout.group_size = 4
-    rollout.engine.model = WARM_MODEL
-    rollout.corpus.port = WARM_CORPUS_PORT
-    rollout.fleet.episodes_per_worker = 16
-    rollout.episode = default_episode()
-    rollout.ray = RayConfig(num_cpus=4)
-    return rollout
 
 
 @dataclass
@@ -103,8 +87,7 @@ class TrainJob:
     tasks_per_step: int = 8  # tasks per step; each gets rollout.group_size samples
     shuffle: bool = True  # train tasks in a new random order each pass (seed: learner.seed); false = list order
     rollout: RolloutJob = field(default_factory=default_rollout)  # data, engine, fleet, episode, ...
-    eval_data: DatasetConfig = field(default_factory=lambda: DatasetConfig(
-        kind="synthetic", path="", split="eval", options=dict(DEFAULT_TASKS)))  # all 110 held out
+    eval_data: DatasetConfig = field(default_factory=default_eval_data)  # all 110 held out
     rewards: list[PluginSpec] = field(default_factory=lambda: [PluginSpec("exact_match"), PluginSpec("format")])
     estimator: PluginSpec = field(default_factory=lambda: PluginSpec(kind="grpo"))
     learner: LearnerConfig = field(default_factory=lambda: LearnerConfig(

@@ -19,7 +19,7 @@ The recipe (:class:`WarmStartRecipe`, one command: ``turnstile build-model tiny-
 
 1. the expert (``engine.kind=scripted``) runs every training task of 5,000 questions of the
    default mix (the name one relation away) once through the Ray fleet with the default episode
-   settings, the corpus served on a fixed port (:data:`WARM_CORPUS_PORT`: the same URLs on every
+   settings, the corpus served on a fixed port (:data:`cluster.defaults.WARM_CORPUS_PORT`: the same URLs on every
    machine, and where ``turnstile train`` serves it); its correct trajectories are the data. Its
    thoughts are written to be copied from: it cites the result it opens as the search listed it
    (``[X](url)``) and quotes the fact the page gave (``Publisher: Y``), and pages live at
@@ -62,13 +62,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cluster.defaults import DEFAULT_TASKS, MULTIHOP_TASKS, MULTIHOP_TURNS, WARM_CORPUS_PORT, default_episode
 from cluster.rollout import RolloutJob, run_rollout
 from envs.datasets.registry import DatasetConfig, load_tasks
-from envs.env import EnvConfig
 from envs.files import atomic_directory, atomic_path
 from envs.synthetic.expert import ExpertConfig
 from rollout.context import ContextConfig
-from rollout.episode import EpisodeConfig
 from rollout.model_store import (
     BUILD_INFO,
     ITER_MODEL,
@@ -83,32 +82,6 @@ from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
-
-DEFAULT_TASKS: dict[str, Any] = {"min_hops": 1, "max_hops": 1, "entity_answer_fraction": 1.0,
-                                 "aggregation_fraction": 0.0, "count": 1200}
-"""The embedded default's question mix: the name one relation away ("What is the name of the
-founder of Quorin Society?"), read on one page; 1,200 questions, 1,090 for training and 110 held
-out. Questions whose answer is a value (a year, a colour) are left to the harder splits: the tiny
-warm start copies a name it has read (rare tokens) but not a value (frequent tokens with a strong
-prior; docs/benchmarks/learning.md)."""
-
-MULTIHOP_TASKS: dict[str, Any] = {"min_hops": 2, "max_hops": 3, "entity_answer_fraction": 1.0,
-                                  "aggregation_fraction": 0.0, "count": 2000}
-"""The multi-hop split: the name two or three relations away, read on as many pages (five or seven
-turns); 2,000 questions (195 held out: one evaluation within about ±5 points at 15%), the same
-train/held-out rule as the default's (a question's id decides, so the recipe's 5,000 hold out the
-same ones)."""
-MULTIHOP_TURNS = 8  # three hops take seven turns; one more to recover from a missed search
-
-WARM_CORPUS_PORT = 20011
-"""The port the warm start's data was served on, and where the embedded default serves its corpus:
-the tiny model writes the port of an address from memory (it copies the rest)."""
-
-
-def default_episode() -> EpisodeConfig:
-    """The embedded default's episode settings (training, evaluation and the expert's data)."""
-    return EpisodeConfig(max_new_tokens=160, context_budget=3072, env=EnvConfig(max_turns=6))
-
 
 @dataclass(frozen=True)
 class WarmStartRecipe:

@@ -238,7 +238,7 @@ def test_the_policy_itself_synthesizes_on_its_own_engine_within_its_context_budg
     """synthesizer=policy: one replica of the evaluated engine (here the openai engine, so the prompt
     it was given can be read at the server) answers from the reports, the reports' beginnings cut
     so the prompt fits the episode's budget."""
-    from cluster.train import default_rollout
+    from cluster.defaults import default_rollout
     from rollout.chat import ChatFormat
     from rollout.model_store import resolve_model
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from cluster.cli import main
+from cluster.defaults import DEFAULT_TASKS
 from cluster.warm_start import (
     CHECK_SEQUENCES,
-    DEFAULT_TASKS,
     RECIPES,
     TRACE_STEPS,
     RepeatedRuns,
