@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from cluster.config import load_config
-from cluster.train import TrainJob, run_train
+from cluster.run import TrainJob
+from cluster.train import run_train
 from rollout.trajectory import load_trajectories
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"

@@ -7,7 +7,7 @@ least-loaded worker with room, draining workers take nothing new), the router's 
 (:meth:`rollout.fleet.EngineRouter.choose`: an episode sticks to its replica, a new one goes to the
 least loaded), the scale policy and its delays (:class:`cluster.autoscale.Sizer` over
 ``target_load``), the async admission bound (:func:`cluster.train_async.admits`) and the staleness
-rule (:func:`cluster.train.too_stale`), and the engine's latency model
+rule (:func:`cluster.run.too_stale`), and the engine's latency model
 (:meth:`rollout.engines.sim.SimOptions.seconds`: a replica has ``concurrency`` slots, a request
 holds one for prefill of the tokens not in its prefix cache plus decode of what it generates).
 
@@ -57,7 +57,7 @@ from pathlib import Path
 
 from cluster.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
 from cluster.dispatch import WorkerPool
-from cluster.train import too_stale
+from cluster.run import too_stale
 from cluster.train_async import admits
 from rollout.engines.sim import SimOptions
 from rollout.fleet import EngineRouter

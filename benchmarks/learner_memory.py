@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cluster.config import load_config
-from cluster.train import TrainJob
+from cluster.run import TrainJob
 from learner.trainer import LearnerConfig
 
 GB = 1e9

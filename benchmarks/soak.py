@@ -47,7 +47,8 @@ import psutil
 import ray
 
 from cluster.config import load_config
-from cluster.train import TrainJob, run_train
+from cluster.run import TrainJob
+from cluster.train import run_train
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
 MB = 1 << 20

@@ -35,15 +35,14 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from cluster.autoscale import FleetView, Sizer, build_policy
+from cluster.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
 from cluster.dispatch import WorkerPool
 from cluster.room import Demand, check_room
 from learner.publish import publish
@@ -52,12 +51,36 @@ from rollout.errors import describe_error
 from rollout.fleet import EngineRouter, EngineStartError, engine_actor
 from rollout.workers import WorkerSpec, worker_actor
 
-if TYPE_CHECKING:
-    from cluster.rollout import FleetConfig
-
 log = logging.getLogger(__name__)
 _CALL_TIMEOUT_S = 30.0  # a membership push or a catch-up that takes longer is retried next look
 MAX_FAILED_STARTS = 3  # members in a row that fail to start: then a dead one is no longer replaced
+
+
+@dataclass
+class FleetConfig:
+    engine_replicas: int = 1
+    engine_cpus: float = 1.0
+    engine_gpus: float = 0.0
+    workers: int = 1
+    episodes_per_worker: int = 16  # concurrent episodes in one worker
+    worker_cpus: float = 0.5
+    worker_restarts: int = 2
+    max_episode_attempts: int = 2
+    checkpoint_every: int = 4  # turns between checkpoints of a running episode in the store (train)
+    # Each replica's weight update (train): one that does not serve the new version within this is
+    # replaced; a publish no replica completes stops the run
+    publish_timeout_s: float = 300.0
+    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)  # off: the sizes above, healed
+
+    def __post_init__(self) -> None:
+        for name in ("engine_replicas", "workers", "episodes_per_worker", "max_episode_attempts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        for name in ("engine_cpus", "engine_gpus", "worker_cpus", "worker_restarts", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
+        if not self.publish_timeout_s > 0:
+            raise ValueError(f"publish_timeout_s={self.publish_timeout_s} must be > 0")
 
 
 @dataclass(frozen=True)

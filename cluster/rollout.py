@@ -22,10 +22,9 @@ from pathlib import Path
 import ray
 from tqdm import tqdm
 
-from cluster.autoscale import AutoscaleConfig
 from cluster.console import Tally
 from cluster.dispatch import Dispatcher, Episode, WorkerPool
-from cluster.elastic import ElasticFleet, elastic_fleet
+from cluster.elastic import ElasticFleet, FleetConfig, elastic_fleet
 from cluster.logs import worker_runtime_env
 from envs.corpus import CorpusConfig, corpus_documents
 from envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
@@ -61,33 +60,6 @@ class RayConfig:
     def __post_init__(self) -> None:
         if self.task_events < 1:
             raise ValueError(f"ray.task_events must be >= 1, got {self.task_events}")
-
-
-@dataclass
-class FleetConfig:
-    engine_replicas: int = 1
-    engine_cpus: float = 1.0
-    engine_gpus: float = 0.0
-    workers: int = 1
-    episodes_per_worker: int = 16  # concurrent episodes in one worker
-    worker_cpus: float = 0.5
-    worker_restarts: int = 2
-    max_episode_attempts: int = 2
-    checkpoint_every: int = 4  # turns between checkpoints of a running episode in the store (train)
-    # Each replica's weight update (train): one that does not serve the new version within this is
-    # replaced; a publish no replica completes stops the run
-    publish_timeout_s: float = 300.0
-    autoscale: AutoscaleConfig = field(default_factory=AutoscaleConfig)  # off: the sizes above, healed
-
-    def __post_init__(self) -> None:
-        for name in ("engine_replicas", "workers", "episodes_per_worker", "max_episode_attempts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("engine_cpus", "engine_gpus", "worker_cpus", "worker_restarts", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 0")
-        if not self.publish_timeout_s > 0:
-            raise ValueError(f"publish_timeout_s={self.publish_timeout_s} must be > 0")
 
 
 @dataclass

@@ -16,7 +16,7 @@ One asyncio loop in the driver does four things, none of which blocks the others
 3. **Rewards**: reward workers (Ray actors, :mod:`rewards.service`) score what the store holds while
    rollout continues; the collector releases a group only when all its G samples are scored.
 4. **Learning**: when ``tasks_per_step`` complete groups are ready and no update is running, an
-   update starts in a thread (:meth:`cluster.train.Run.learn`): samples generated more than η
+   update starts in a thread (:meth:`cluster.run.Run.learn`): samples generated more than η
    versions ago are dropped and counted, the rest get credit and one veRL update, and the new
    weights are published. Episodes still running continue on the new weights (partial rollouts);
    every turn records the version that produced it.
@@ -28,15 +28,12 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from cluster.dispatch import Dispatcher, NoWorkersLeft
+from cluster.run import Run
 from rewards.service import RewardService
 from rollout.store import FINISHED, build_store
 from rollout.trajectory import Trajectory
-
-if TYPE_CHECKING:  # annotations only: cluster.train imports this module, not the other way round
-    from cluster.train import Run
 
 log = logging.getLogger(__name__)
 

@@ -120,7 +120,8 @@ class Watcher(threading.Thread):
 
 def main() -> None:
     from cluster.config import load_config
-    from cluster.train import TrainJob, run_train
+    from cluster.run import TrainJob
+    from cluster.train import run_train
     from rollout.trajectory import load_trajectories
 
     out = Path(os.environ["DRILL_OUT"])

@@ -191,7 +191,8 @@ def base_weights(model: str) -> dict[str, torch.Tensor]:
 @pytest.mark.integration
 def test_a_training_run_grows_and_shrinks_and_the_learner_gets_every_sample_once(ray_local: None,
                                                                                  tmp_path: Path) -> None:
-    from cluster.train import TrainJob, run_train
+    from cluster.run import TrainJob
+    from cluster.train import run_train
     from tests.test_train import EXAMPLE
     from tests.test_train_faults import STEPS, assert_exactly_once, overrides
 

@@ -15,7 +15,7 @@ import ray
 import yaml
 
 from cluster.config import load_config
-from cluster.train import TrainJob
+from cluster.run import TrainJob
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "cluster" / "k8s"

@@ -10,7 +10,8 @@ import pytest
 from cluster import room
 from cluster.config import load_config
 from cluster.room import ClusterTooSmall, Demand, check_room, shortfall
-from cluster.train import TrainJob, run_train
+from cluster.run import TrainJob
+from cluster.train import run_train
 from tests.test_train import EXAMPLE, SMALL
 
 ONE_NODE = [{"CPU": 4.0}]

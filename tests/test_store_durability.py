@@ -28,7 +28,7 @@ import redis
 
 from cluster.cli import main
 from cluster.config import dump_config, load_config
-from cluster.train import TrainJob
+from cluster.run import TrainJob
 from rollout.store import (
     FINISHED,
     StoreConfig,

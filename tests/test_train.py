@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from cluster.cli import main
 from cluster.config import load_config
-from cluster.train import TrainError, TrainJob, check, learning_line, run_train, step_tasks, trainable
+from cluster.run import TrainError, TrainJob, check, step_tasks, trainable
+from cluster.train import learning_line, run_train
 from envs.plugins import PluginSpec
 from envs.tasks import Task
 from rollout.model_store import BUILD_INFO, WARM_MODEL, ensure_default_model, resolve_model
@@ -248,7 +249,7 @@ def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Pa
     from types import SimpleNamespace
 
     from cluster.console import TrainConsole
-    from cluster.train import Run
+    from cluster.run import Run
     from envs.plugins import PluginSpec
 
     job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
@@ -267,7 +268,7 @@ def test_each_checkpoint_saves_the_learners_policy_whole_as_a_model_eval_takes_b
     from types import SimpleNamespace
 
     from cluster.console import TrainConsole
-    from cluster.train import Run
+    from cluster.run import Run
 
     base = ensure_default_model()
     weights = {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(base).named_parameters()}

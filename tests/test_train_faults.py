@@ -22,7 +22,8 @@ import pytest
 import ray
 
 from cluster.config import load_config
-from cluster.train import TrainJob, run_train
+from cluster.run import TrainJob
+from cluster.train import run_train
 from rollout.trajectory import Trajectory, load_trajectories
 from tests.test_train import EXAMPLE, SMALL
 

@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from cluster.config import dump_config, load_config
     from cluster.dispatch import NoWorkersLeft
     from cluster.rollout import init_ray
-    from cluster.train import TrainJob, check, learning_line, resume_hint, run_train, where_outputs_are
+    from cluster.run import TrainJob, check
+    from cluster.train import learning_line, resume_hint, run_train, where_outputs_are
     from envs.corpus_server import CorpusServerError
     from learner.publish import PublishError
     from rewards.service import RewardServiceError
