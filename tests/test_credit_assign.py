@@ -40,3 +40,23 @@ def test_missing_outcome_or_advantage_is_explained() -> None:
         assign_credit([trajectory], build_estimator("grpo"))
     with pytest.raises(ValueError, match="assign credit before"):
         token_advantages(trajectory.segments[0])
+
+
+@pytest.mark.parametrize("name", ["grpo", "igpo", "gspo_round"])
+def test_a_cut_episode_scores_as_a_wrong_answer_in_training_too(name: str) -> None:
+    """``penalise_unanswered=false`` on the rollout's own trajectories (the training path, not a
+    turn-record file): a wrong answer and an episode the turn limit cut get the same advantage, a
+    malformed answer attempt still pays. (A first version read the stop reason only from turn-record
+    files, so in training a malformed answer paid nothing.)"""
+    from learner.credit import build_estimator as build
+    from learner.credit.registry import estimator_class
+    from rollout.trajectory import StopReason
+
+    batch = [scored("q", sample, 0.0, [-2.0, -2.0]) for sample in range(3)]
+    for trajectory, stop in zip(batch, (StopReason.ANSWERED, StopReason.NO_ANSWER, StopReason.MALFORMED_ANSWER),
+                                strict=True):
+        trajectory.stop_reason = stop
+        trajectory.turns[-1].format_ok = stop is not StopReason.MALFORMED_ANSWER
+    assign_credit(batch, build(name, estimator_class(name).Options(penalise_unanswered=False)))
+    wrong, cut, malformed = (t.turns[0].advantage for t in batch)
+    assert wrong == pytest.approx(cut) and wrong is not None and malformed is not None and wrong > malformed
