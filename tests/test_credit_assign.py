@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from learner.credit import build_estimator
@@ -60,3 +62,31 @@ def test_a_cut_episode_scores_as_a_wrong_answer_in_training_too(name: str) -> No
     assign_credit(batch, build(name, estimator_class(name).Options(penalise_unanswered=False)))
     wrong, cut, malformed = (t.turns[0].advantage for t in batch)
     assert wrong == pytest.approx(cut) and wrong is not None and malformed is not None and wrong > malformed
+
+
+def test_a_failed_call_can_be_left_without_information_gain() -> None:
+    """Browse-aware IG credits a visit with the rise of v since the previous visit, searches between
+    them included: a visit to a page that does not exist, after a search that listed the answer,
+    collects that search's gain (what IGPO paid most for on the multi-hop split,
+    docs/benchmarks/learning.md). With ``credit_failed_calls=false`` it is no boundary, and the gain
+    goes to the next visit that read a page."""
+    from learner.credit import IgpoOptions
+
+    def episode(sample: int):  # noqa: ANN202
+        trajectory = scored("q", sample, 0.0, [-5.0, -5.0])
+        first, last = trajectory.turns
+        trajectory.segments[0].turns = [first, replace(first, index=1), replace(first, index=2), last]
+        search, failed, visit, answer = trajectory.turns
+        answer.index = 3
+        search.tool, failed.tool, visit.tool = "search", "visit", "visit"
+        failed.tool_ok = False
+        for turn, v in zip(trajectory.turns, [-5.0, -2.0, -2.0, -1.5], strict=True):  # the search lifts v by 3
+            turn.ig_value = v
+        return trajectory
+
+    credited = [episode(0), episode(1)]
+    assign_credit(credited, build_estimator("igpo"))
+    assert [t.ig for t in credited[0].turns] == [None, pytest.approx(3.0), pytest.approx(0.5), None]
+    left = [episode(0), episode(1)]
+    assign_credit(left, build_estimator("igpo", IgpoOptions(credit_failed_calls=False)))
+    assert [t.ig for t in left[0].turns] == [None, None, pytest.approx(3.5), None]

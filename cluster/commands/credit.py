@@ -10,7 +10,7 @@ check the worked examples of docs/algorithms.md §9::
     turnstile credit --estimator abc_grpo --in scored.jsonl --out credited.jsonl gamma=0.5
 
 Options (key=value) depend on the estimator: igpo takes norm, gamma, eta, s_max, format_penalty,
-penalise_unanswered, ig_tools, ig_type; abc_grpo takes gamma, norm (separate or joint); grpo and
+penalise_unanswered, credit_failed_calls, ig_tools, ig_type; abc_grpo takes gamma, norm (separate or joint); grpo and
 gspo_round take format_penalty and penalise_unanswered.
 """
 

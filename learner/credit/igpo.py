@@ -49,6 +49,9 @@ class IgpoOptions:
     format_penalty: float = 1.0  # λ_fmt; 0 turns the format penalty off (turn and outcome)
     penalise_unanswered: bool = True  # false: only a malformed answer pays λ_fmt; a cut episode scores 0
     ig_tools: list[str] = field(default_factory=lambda: ["visit"])  # [] = every turn boundary
+    # false: a tool call that failed (a page that does not exist, a refused call: tool_ok false) read
+    # nothing and is no boundary; the gain since the last one goes to the next call that succeeds
+    credit_failed_calls: bool = True
     ig_type: IgType = IgType.log_prob_diff
 
     def __post_init__(self) -> None:
@@ -145,7 +148,8 @@ class Igpo(Estimator):
             log.warning("%s: v is null on every turn; information gain is off for this "
                         "trajectory (outcome and format penalties only)", origin(trajectory))
             return [None] * len(values)
-        tools = [turn.called_tool if turn.format_ok else None for turn in trajectory.turns]
+        tools = [turn.called_tool if turn.format_ok and (self.options.credit_failed_calls or turn.tool_ok is not False)
+                 else None for turn in trajectory.turns]
         return assign_information_gain([float(v) for v in values if v is not None], tools,
                                        self.options.ig_tools, self.options.ig_type)
 

@@ -263,8 +263,11 @@ def _turn(raw: object, index: int, where: str) -> Turn:
         raise CreditInputError(f"{where}: field 'tool' must be a tool name or null (answer or "
                                f"malformed turn), got {tool!r}")
     format_ok = _boolean(raw.get("format_ok", True), where, "format_ok")
+    tool_ok = raw.get("tool_ok")  # whether the call succeeded; null or absent: not known
+    if tool_ok is not None:
+        tool_ok = _boolean(tool_ok, where, "tool_ok")
     action = raw.get("action", "tool_call" if tool is not None else "answer")  # a trajectory line says
-    return Turn(index=index, tool=tool, action=str(action), format_ok=format_ok)
+    return Turn(index=index, tool=tool, action=str(action), format_ok=format_ok, tool_ok=tool_ok)
 
 
 def _required(obj: Mapping[str, object], name: str, where: str) -> object:
