@@ -55,13 +55,14 @@ ITER = ["rollout.context.kind=iter_research", "estimator.kind=gspo_round", "lear
 MULTIHOP_MIX = json.dumps(MULTIHOP_TASKS)  # the split the warm start was built for (cluster/defaults.py)
 MULTIHOP = [f"rollout.data.options={MULTIHOP_MIX}", f"eval_data.options={MULTIHOP_MIX}",
             "rollout.episode.env.max_turns=8", "rollout.episode.context_budget=4096", "steps=20", "eval_every=10"]
-MULTIHOP_ARMS = ("mh_grpo", "mh_igpo", "mh_igpo_every", "mh_abc_grpo", "mh_grpo_unanswered0", "mh_igpo_unanswered0")
+MULTIHOP_ARMS = ("mh_grpo", "mh_igpo", "mh_igpo_every", "mh_abc_grpo", "mh_grpo_unanswered0", "mh_igpo_unanswered0",
+                 "mh_igpo_unanswered0_live")
 # The fix tried from the first runs' reading (item 4): in a group whose answers are all wrong, the
 # format rule's -1 for an episode the turn limit cut was the only spread, and GRPO learnt to answer
 # sooner. These arms score a cut episode 0, as a wrong answer (docs/algorithms.md §3).
 UNANSWERED0 = "estimator.options={penalise_unanswered: false}"
 # Whom each multi-hop arm is compared with after the last step: GRPO under the same outcome rule.
-BASELINE = {"mh_igpo_unanswered0": "mh_grpo_unanswered0"}
+BASELINE = {"mh_igpo_unanswered0": "mh_grpo_unanswered0", "mh_igpo_unanswered0_live": "mh_grpo_unanswered0"}
 
 # The fault drill (issue 37): the toolbox fails 30% of the tool calls as an unavailable service would
 # (the environment's fault), with no retry (with the default 3 attempts only 2.7% of calls would
@@ -102,6 +103,10 @@ ARMS: dict[str, tuple[str, list[str]]] = {
                             [*MULTIHOP, UNANSWERED0]),
     "mh_igpo_unanswered0": ("multi-hop: IGPO, a cut episode scored as a wrong answer (penalise_unanswered=false)",
                             [*MULTIHOP, IG, "estimator.kind=igpo", UNANSWERED0]),
+    # ... and no information gain for a tool call that failed (reading 2 of the same diagnosis)
+    "mh_igpo_unanswered0_live": ("multi-hop: IGPO, a cut episode scored as a wrong answer, no IG for a failed call",
+                                 [*MULTIHOP, IG, "estimator.kind=igpo",
+                                  "estimator.options={penalise_unanswered: false, credit_failed_calls: false}"]),
 }
 # The arms that start from another model than the warm start, built once into OUT/models/NAME
 # (`turnstile build-model NAME`, resumable). The warm start never writes the <report> an
