@@ -117,8 +117,15 @@ class WarmStartRecipe:
     lr: float = 2e-3
     warmup_steps: int = 30
     observation_weight: float = 0.2  # loss on the tool results' tokens, relative to the policy's
+    # Tokens of one training sequence: at least the context budget, so that no episode the recipe
+    # runs is cut (a cut sequence loses its last turns, the answer among them)
     max_length: int = 3072
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_length < self.context_budget:
+            raise ValueError(f"max_length={self.max_length} is below context_budget={self.context_budget}: "
+                             "the longest episodes would be cut before their last turns")
 
 
 RECIPES: dict[str, WarmStartRecipe] = {
@@ -142,10 +149,15 @@ RECIPES: dict[str, WarmStartRecipe] = {
     # questions (2 of 78 two-hop, 0 of 117 three-hop): it stopped after one hop in 37% of episodes
     # and, when it read the last page, miscopied the name at the longer contexts (median 2,678 tokens
     # before the answer, against 1,622 for the default's one-hop questions); hence fewer early stops
-    # and more data and steps.
+    # and more data and steps. The second build (5.6% of 195, three-hop 0%) trained on sequences cut
+    # at 3,072 tokens while its episodes ran to 4,096: it never saw a turn written past ~3,000 tokens
+    # of context, and writes almost none well formed there (11% of turns at 3,000-3,500 tokens, 6%
+    # beyond, against 98% under 1,000), so a three-hop chain (seven turns, ~3,400 tokens) breaks
+    # before its end; hence sequences as long as the episodes' budget plus one turn.
     MULTIHOP_MODEL: WarmStartRecipe(base=WARM_MODEL, tasks={**MULTIHOP_TASKS, "count": 5000}, limit=1600,
                                     early_fraction=0.25, max_turns=MULTIHOP_TURNS, context_budget=4096,
-                                    induction_steps=0, steps=400, lr=5e-4, warmup_steps=10),
+                                    max_length=4096 + 256, induction_steps=0, steps=400, lr=5e-4,
+                                    warmup_steps=10),
 }
 """The recipe of each model this module builds, by name (``turnstile build-model NAME --out DIR``)."""
 

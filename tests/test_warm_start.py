@@ -47,6 +47,15 @@ def test_question_options_are_checked() -> None:
         question_config({"min_hops": 3, "max_hops": 1})
 
 
+def test_a_recipe_trains_on_whole_episodes() -> None:
+    """A recipe whose episodes may run longer than its training sequences is refused: the cut
+    sequences lose their last turns (the multi-hop warm start's second build never learnt to write
+    a turn past ~3,000 tokens of context for that reason)."""
+    with pytest.raises(ValueError, match="max_length=3072 is below context_budget=4096"):
+        WarmStartRecipe(context_budget=4096)
+    assert all(recipe.max_length >= recipe.context_budget for recipe in RECIPES.values())
+
+
 def test_the_default_mix_asks_the_name_one_relation_away() -> None:
     tasks = load_tasks(DatasetConfig(kind="synthetic", path="", split="all", options=dict(DEFAULT_TASKS)))
     assert len(tasks) == DEFAULT_TASKS["count"]
