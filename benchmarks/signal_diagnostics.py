@@ -22,6 +22,10 @@ exist, a refused call), the wrong answers and the last turns of the
 episodes a limit cut; and the first-turn advantage of a wrong answer against a cut episode (what
 answering sooner earns where every answer is wrong).
 
+``--by-context A.jsonl ...`` reads trajectory files (a run's ``eval/step0.jsonl``, say) and gives the
+share of well-formed turns by the length of the context each turn was written from (500-token bins)
+and by turn: where a model stops writing the protocol as its episodes grow.
+
 ``--advantages A.jsonl B.jsonl ...`` instead compares what each estimator tells the policy about
 opening a page: in files credited by ``turnstile score`` (the same trajectories, one estimator
 each), the first turn's advantage of the episodes that visit a page against those that do not,
@@ -187,6 +191,24 @@ def print_all_wrong(runs: list[str]) -> None:
             print(f"| {name} | {cell(figures)} |")
 
 
+def print_by_context(paths: list[str]) -> None:
+    from rollout.trajectory import load_trajectories
+
+    by_length: dict[int, list[bool]] = {}
+    by_turn: dict[int, list[bool]] = {}
+    for path in paths:
+        for trajectory in load_trajectories(path):
+            for turn in trajectory.turns:
+                by_length.setdefault(turn.context_len // 500 * 500, []).append(turn.format_ok)
+                by_turn.setdefault(turn.index, []).append(turn.format_ok)
+    for title, table in (("context (tokens)", by_length), ("turn", by_turn)):
+        keys = sorted(table)
+        labels = [f"{k}-{k + 499}" if title.startswith("context") else str(k + 1) for k in keys]
+        print(f"| {title} | {' | '.join(labels)} |\n|---|{'---|' * len(keys)}")
+        print(f"| turns | {' | '.join(str(len(table[k])) for k in keys)} |")
+        print(f"| well formed | {' | '.join(f'{sum(table[k]) / len(table[k]):.1%}' for k in keys)} |\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=64)
@@ -197,7 +219,12 @@ def main() -> None:
                         "compare: first-turn advantage of the episodes that open a page vs the others")
     parser.add_argument("--all-wrong", nargs="*", default=[], help="train runs' output directories: where "
                         "the signals landed, turn by turn, in the groups with no correct sample")
+    parser.add_argument("--by-context", nargs="*", default=[], help="trajectory files: the share of well-formed "
+                        "turns by context length and by turn")
     args = parser.parse_args()
+    if args.by_context:
+        print_by_context(args.by_context)
+        return
     if args.all_wrong:
         print_all_wrong(args.all_wrong)
         return
