@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster.config import load_config
-from cluster.run import TrainJob
-from cluster.train import run_train
+from cluster.cli.config import load_config
+from cluster.jobs.run import TrainJob
+from cluster.jobs.train import run_train
 from rollout.trajectory import load_trajectories
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"

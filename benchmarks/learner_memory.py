@@ -35,8 +35,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cluster.config import load_config
-from cluster.run import TrainJob
+from cluster.cli.config import load_config
+from cluster.jobs.run import TrainJob
 from learner.trainer import LearnerConfig
 
 GB = 1e9

@@ -28,8 +28,8 @@ from pathlib import Path
 import ray
 import torch
 
-from cluster.rollout import RayConfig, init_ray
-from cluster.warm_start import WarmStartRecipe, expert_trajectories
+from cluster.jobs.rollout import RayConfig, init_ray
+from cluster.recipes.warm_start import WarmStartRecipe, expert_trajectories
 from learner.batch import Sample, samples_from_trajectories
 from learner.trainer import Learner, LearnerConfig
 from rollout.model_store import resolve_model

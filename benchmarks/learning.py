@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.defaults import MULTIHOP_TASKS
+from cluster.jobs.defaults import MULTIHOP_TASKS
 from rollout.model_store import BUILD_INFO, ITER_MODEL, MULTIHOP_MODEL
 from rollout.trajectory import load_trajectories
 
@@ -52,7 +52,7 @@ ITER = ["rollout.context.kind=iter_research", "estimator.kind=gspo_round", "lear
 # The multi-hop comparison (issue 36): two- and three-hop chains (seven turns at most for the expert,
 # eight allowed), 2,000 questions so that ~180 are held out (one evaluation within about ±5 points at
 # 15%), from tiny-qwen3-multihop, 20 steps, evaluations at steps 0, 10 and 20.
-MULTIHOP_MIX = json.dumps(MULTIHOP_TASKS)  # the split the warm start was built for (cluster/defaults.py)
+MULTIHOP_MIX = json.dumps(MULTIHOP_TASKS)  # the split the warm start was built for (cluster/jobs/defaults.py)
 MULTIHOP = [f"rollout.data.options={MULTIHOP_MIX}", f"eval_data.options={MULTIHOP_MIX}",
             "rollout.episode.env.max_turns=8", "rollout.episode.context_budget=4096", "steps=20", "eval_every=10"]
 MULTIHOP_ARMS = ("mh_grpo", "mh_igpo", "mh_igpo_every", "mh_abc_grpo", "mh_grpo_unanswered0", "mh_igpo_unanswered0",
@@ -159,7 +159,7 @@ def _previous_wall(out: Path) -> float:
 def run_summary(out: Path) -> dict[str, object]:
     """What one finished run measured: accuracy per evaluation, browse ratio of correct and wrong
     final-evaluation trajectories, turns per episode, wall time."""
-    from cluster.metrics import browse_ratio
+    from cluster.jobs.metrics import browse_ratio
     from rollout.summary import is_correct
 
     data = json.loads((out / "run.json").read_text())

@@ -43,10 +43,10 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from cluster.defaults import DEFAULT_TASKS
-from cluster.rollout import RayConfig, init_ray
-from cluster.score import find_tasks
-from cluster.warm_start import WarmStartRecipe, expert_trajectories
+from cluster.jobs.defaults import DEFAULT_TASKS
+from cluster.jobs.rollout import RayConfig, init_ray
+from cluster.jobs.score import find_tasks
+from cluster.recipes.warm_start import WarmStartRecipe, expert_trajectories
 from envs.datasets.registry import DatasetConfig
 from envs.plugins import PluginSpec
 from envs.tasks import Task

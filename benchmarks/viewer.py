@@ -27,8 +27,8 @@ from pathlib import Path
 import psutil
 from playwright.sync_api import CDPSession, Page, sync_playwright
 
-from cluster.commands.credit import configured_estimator
-from cluster.view import find_sources, write_page
+from cluster.cli.commands.credit import configured_estimator
+from cluster.tools.view import find_sources, write_page
 from envs.protocol import StopReason
 from learner.credit.assign import assign_credit
 from rewards.clues import step_score

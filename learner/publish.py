@@ -18,7 +18,7 @@ Either way the engines report the version they serve (``weights_version()``), an
 rollout generates records the version that produced it. Every replica's update has a time-out
 (``rollout.fleet.publish_timeout_s``): a replica that does not serve the new version in time, or
 whose update raises, is left behind (:class:`Published`), and the fleet replaces it
-(:meth:`cluster.elastic.ElasticFleet.publish`); a publish no replica completes raises.
+(:meth:`cluster.fleet.elastic.ElasticFleet.publish`); a publish no replica completes raises.
 """
 
 from __future__ import annotations

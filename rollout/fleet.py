@@ -7,7 +7,7 @@ episode sticks to one replica (its ``affinity``), so the replica's prefix cache 
 growing context; a new episode goes to the replica with the fewest requests in flight. When a
 replica dies, its episodes move to another replica and the request is retried there once; weight
 updates and version queries skip it from then on. Ray does not restart a replica (it would come back
-serving the base weights, not the published version): the fleet (:mod:`cluster.elastic`) starts a
+serving the base weights, not the published version): the fleet (:mod:`cluster.fleet.elastic`) starts a
 new one, brings it to the published version, and only then adds it to the routers' membership.
 """
 
@@ -99,7 +99,7 @@ class EngineRouter:
     """A PolicyEngine over engine replicas: least-loaded placement, per-episode affinity.
 
     The replicas are a membership keyed by replica id, which whoever runs the fleet replaces with
-    :meth:`set_replicas` as replicas join and leave (:class:`cluster.elastic.ElasticFleet`); a
+    :meth:`set_replicas` as replicas join and leave (:class:`cluster.fleet.elastic.ElasticFleet`); a
     replica that left gets no new request, and an episode that was on it moves to another. Load is
     what this router has in flight on each replica; with several rollout workers each balances its
     own share, which evens out the total. With no live replica a request waits up to

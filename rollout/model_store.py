@@ -14,7 +14,7 @@ Models known by name (:func:`resolve_model`): ``tiny-qwen3``, the random-weight 
 what an empty ``model`` means); ``tiny-qwen3-sft``, the same model after SFT on the scripted expert;
 ``tiny-qwen3-mixed``, the warm start of the embedded default ``turnstile train`` —
 ``tiny-qwen3-sft`` after SFT on the trajectories of two agents, the expert and a hasty one that
-answers without opening a page (:mod:`cluster.warm_start`); the last two are committed under
+answers without opening a page (:mod:`cluster.recipes.warm_start`); the last two are committed under
 ``rollout/models/``: their recipes take longer than a first run may. And the pretrained models
 packages ship (:mod:`rollout.model_packages`: ``smollm2-135m-instruct``), converted into the cache
 on first use like ``tiny-qwen3``.
@@ -49,13 +49,13 @@ RUN_MODEL = "model"  # the policy a train or sft run saved last, in its output d
 RANDOM_MODEL = "tiny-qwen3"  # the random-weight tiny model, built on first use
 SFT_MODEL = "tiny-qwen3-sft"  # the tiny model after SFT on the scripted expert, committed
 WARM_MODEL = "tiny-qwen3-mixed"  # the warm start of `turnstile train`: SFT_MODEL after SFT on two
-# agents' data (the expert and a hasty one), committed (both made by cluster.warm_start)
+# agents' data (the expert and a hasty one), committed (both made by cluster.recipes.warm_start)
 COMMITTED_MODELS = (SFT_MODEL, WARM_MODEL)
 ITER_MODEL = "tiny-qwen3-iter"  # WARM_MODEL after SFT on iter_research turns (they carry a <report>):
 # the start of the mono vs iter_research ablation, built by `turnstile build-model`, not committed
 MULTIHOP_MODEL = "tiny-qwen3-multihop"  # WARM_MODEL after SFT on two- and three-hop chains, some of
 # them stopped early: the start of the multi-hop credit comparison (issue 36), built, not committed
-RECIPE_MODELS = (*COMMITTED_MODELS, ITER_MODEL, MULTIHOP_MODEL)  # the models cluster.warm_start builds
+RECIPE_MODELS = (*COMMITTED_MODELS, ITER_MODEL, MULTIHOP_MODEL)  # the models cluster.recipes.warm_start builds
 COMMITTED = Path(__file__).resolve().parent / "models"
 
 

@@ -119,9 +119,9 @@ class Watcher(threading.Thread):
 
 
 def main() -> None:
-    from cluster.config import load_config
-    from cluster.run import TrainJob
-    from cluster.train import run_train
+    from cluster.cli.config import load_config
+    from cluster.jobs.run import TrainJob
+    from cluster.jobs.train import run_train
     from rollout.trajectory import load_trajectories
 
     out = Path(os.environ["DRILL_OUT"])

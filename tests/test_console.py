@@ -1,4 +1,4 @@
-"""The console of `turnstile train` (cluster/console.py): plain lines off a terminal, a live view on one."""
+"""The console of `turnstile train` (cluster/jobs/console.py): plain lines off a terminal, a live view on one."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cluster.autoscale import FleetView
-from cluster.console import NATIVE_LOG, TrainConsole
-from cluster.metrics import render
+from cluster.fleet.autoscale import FleetView
+from cluster.jobs.console import NATIVE_LOG, TrainConsole
+from cluster.jobs.metrics import render
 
 STEP = {"reward/mean": 0.25, "reward/accuracy": 0.375, "rollout/turns_mean": 6.5, "rollout/turns_max": 9.0,
         "format/ok_rate": 0.875, "staleness/mean": 0.5, "staleness/max": 1.0, "throughput/tokens_per_s": 812.0,

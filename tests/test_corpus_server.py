@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from cluster.commands import serve_corpus
+from cluster.cli.commands import serve_corpus
 from envs.corpus_server import CorpusServer, CorpusServerConfig, page_path
 from envs.search.base import Document
 

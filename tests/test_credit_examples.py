@@ -15,7 +15,7 @@ from typing import TypedDict
 
 import pytest
 
-from cluster.commands import credit as credit_command
+from cluster.cli.commands import credit as credit_command
 from learner.credit import abc_sft_weight, group_normalize
 
 FIXTURES = Path(__file__).parent / "fixtures" / "credit"

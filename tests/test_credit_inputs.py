@@ -10,7 +10,7 @@ from typing import Protocol
 
 import pytest
 
-from cluster.commands import credit as credit_command
+from cluster.cli.commands import credit as credit_command
 from learner.credit import ESTIMATORS, build_estimator, estimator_class, group_by_uid, read_trajectories
 
 GOOD = {"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "ig_value": -2.0, "step_score": 1.8},

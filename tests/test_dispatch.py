@@ -1,4 +1,4 @@
-"""The one dispatcher (cluster/dispatch.py) on real Ray actors: capacity, a dead worker's episodes
+"""The one dispatcher (cluster/fleet/dispatch.py) on real Ray actors: capacity, a dead worker's episodes
 run again, an episode that raises is recorded, a fleet with no worker left fails what waits, and
 two dispatchers on one pool share its capacity."""
 
@@ -10,7 +10,7 @@ import time
 import pytest
 import ray
 
-from cluster.dispatch import Dispatcher, WorkerPool
+from cluster.fleet.dispatch import Dispatcher, WorkerPool
 from envs.tasks import Task
 from rollout.trajectory import StopReason, Trajectory
 

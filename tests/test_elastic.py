@@ -1,4 +1,4 @@
-"""The elastic rollout fleet (cluster/elastic.py, cluster/autoscale.py) on a local Ray: it grows and
+"""The elastic rollout fleet (cluster/fleet/elastic.py, cluster/fleet/autoscale.py) on a local Ray: it grows and
 shrinks while episodes run and nothing is lost or run twice; a replica that joins serves the
 published weights before it gets a request; a dead replica or worker is replaced. The policies and
 the settings are checked without Ray."""
@@ -16,10 +16,10 @@ import pytest
 import ray
 import torch
 
-from cluster.autoscale import AutoscaleConfig, FleetView, Schedule, TargetLoad, build_policy
-from cluster.config import ConfigError, load_config
-from cluster.elastic import ElasticFleet, elastic_fleet
-from cluster.rollout import RolloutJob, fleet_events, run_rollout, serve_corpus
+from cluster.cli.config import ConfigError, load_config
+from cluster.fleet.autoscale import AutoscaleConfig, FleetView, Schedule, TargetLoad, build_policy
+from cluster.fleet.elastic import ElasticFleet, elastic_fleet
+from cluster.jobs.rollout import RolloutJob, fleet_events, run_rollout, serve_corpus
 from envs.answers import answer_matches
 from rollout.engines.config import EngineConfig
 from rollout.model_store import resolve_model
@@ -191,8 +191,8 @@ def base_weights(model: str) -> dict[str, torch.Tensor]:
 @pytest.mark.integration
 def test_a_training_run_grows_and_shrinks_and_the_learner_gets_every_sample_once(ray_local: None,
                                                                                  tmp_path: Path) -> None:
-    from cluster.run import TrainJob
-    from cluster.train import run_train
+    from cluster.jobs.run import TrainJob
+    from cluster.jobs.train import run_train
     from tests.test_train import EXAMPLE
     from tests.test_train_faults import STEPS, assert_exactly_once, overrides
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import load_config
-from cluster.eval import BenchmarkConfig, EvalJob, judge, result_row, run_synthesis, summarize_results
-from cluster.eval_metrics import pass_at_k
-from cluster.synthesis import SynthesisConfig
+from cluster.cli.config import load_config
+from cluster.jobs.eval import BenchmarkConfig, EvalJob, judge, result_row, run_synthesis, summarize_results
+from cluster.jobs.eval_metrics import pass_at_k
+from cluster.jobs.synthesis import SynthesisConfig
 from envs.chat_client import ChatClientConfig
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.plugins import PluginSpec
@@ -116,7 +116,7 @@ def test_an_eval_where_every_sample_fails_exits_nonzero_saying_why(tmp_path: Pat
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from cluster.commands import eval as command
+    from cluster.cli.commands import eval as command
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
@@ -238,7 +238,7 @@ def test_the_policy_itself_synthesizes_on_its_own_engine_within_its_context_budg
     """synthesizer=policy: one replica of the evaluated engine (here the openai engine, so the prompt
     it was given can be read at the server) answers from the reports, the reports' beginnings cut
     so the prompt fits the episode's budget."""
-    from cluster.defaults import default_rollout
+    from cluster.jobs.defaults import default_rollout
     from rollout.chat import ChatFormat
     from rollout.model_store import resolve_model
 
@@ -276,7 +276,7 @@ def test_the_policy_itself_synthesizes_on_its_own_engine_within_its_context_budg
 
 
 def test_a_synthesis_prompt_that_cannot_fit_is_that_questions_failure(tmp_path: Path) -> None:
-    from cluster.synthesis import fitted_prompt
+    from cluster.jobs.synthesis import fitted_prompt
     from rollout.chat import ChatFormat
     from rollout.model_store import resolve_model
 

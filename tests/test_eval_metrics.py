@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cluster.eval_metrics import benchmark_scores, maj_at_k, mean_interval, pass_at_k
+from cluster.jobs.eval_metrics import benchmark_scores, maj_at_k, mean_interval, pass_at_k
 
 
 @pytest.mark.parametrize("seed", range(6))

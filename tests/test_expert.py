@@ -216,7 +216,7 @@ async def test_acceptance_200_questions() -> None:
 def test_expert_command_prints_the_report(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from cluster.commands import expert as command
+    from cluster.cli.commands import expert as command
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)

@@ -1,11 +1,11 @@
 """Whose doing an episode's result was (rollout/faults.py), and what training does with an episode
-the environment decided (cluster.run.trainable: mask, keep, drop_group)."""
+the environment decided (cluster.jobs.run.trainable: mask, keep, drop_group)."""
 
 from __future__ import annotations
 
 import pytest
 
-from cluster.run import TrainJob, trainable
+from cluster.jobs.run import TrainJob, trainable
 from envs.tools.base import Fault
 from rollout.faults import VERDICT_KEY, FaultConfig, environment_verdict
 from rollout.trajectory import Segment, StopReason, Trajectory, Turn

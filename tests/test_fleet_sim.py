@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import fleet_sim
-from cluster.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
+from cluster.fleet.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
 from rollout.fleet import EngineRouter
 
 

@@ -17,8 +17,8 @@ import pytest
 import pytest_asyncio
 import torch
 
-from cluster.config import load_config
-from cluster.score import ScoreJob, score_saved
+from cluster.cli.config import load_config
+from cluster.jobs.score import ScoreJob, score_saved
 from learner.batch import Sample
 from learner.credit.registry import build_estimator, estimator_class
 from learner.publish import PublishError, publish, write_checkpoint

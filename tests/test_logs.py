@@ -1,5 +1,5 @@
 """A command's console: the workers' output goes to OUT/logs/, errors still reach the console, and
-the end of the run says where its outputs are (cluster/logs.py)."""
+the end of the run says where its outputs are (cluster/fleet/logs.py, cluster/cli/logs.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 WORKER = """
 import logging, os, subprocess, sys
 os.environ["TURNSTILE_LOG_DIR"] = sys.argv[1]
-from cluster.logs import redirect_worker_output
+from cluster.fleet.logs import redirect_worker_output
 print("before the hook")
 sys.stdout.flush()
 redirect_worker_output()

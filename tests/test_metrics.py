@@ -15,8 +15,8 @@ import pytest
 from ray.util.metrics import Metric
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cluster.config import load_config
-from cluster.metrics import (
+from cluster.cli.config import load_config
+from cluster.jobs.metrics import (
     MetricsConfig,
     MetricsError,
     MetricsSink,
@@ -297,7 +297,7 @@ def test_ray_metrics_with_ray(ray_local: None, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_wilson_interval_and_paired_difference() -> None:
-    from cluster.metrics import paired_difference, wilson_interval
+    from cluster.jobs.metrics import paired_difference, wilson_interval
 
     assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
     assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)

@@ -72,7 +72,7 @@ def test_a_plugin_past_its_time_is_a_failure_not_a_hang() -> None:
 
 
 def test_turnstile_score_writes_an_unscored_group_and_credits_the_rest(tmp_path) -> None:  # noqa: ANN001
-    from cluster.score import ScoreJob, score_file
+    from cluster.jobs.score import ScoreJob, score_file
     from envs.datasets.registry import DatasetConfig
     from envs.plugins import PluginSpec
     from rollout.trajectory import load_trajectories, save_trajectories

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster.config import load_config
-from cluster.rollout import RolloutJob, run_rollout
+from cluster.cli.config import load_config
+from cluster.jobs.rollout import RolloutJob, run_rollout
 from envs.answers import answer_matches
 from rollout.trajectory import StopReason, load_trajectories
 from tests.tools_for_tests import WorkerKiller
@@ -121,7 +121,7 @@ def test_a_run_where_every_episode_fails_exits_nonzero(ray_local: None, tmp_path
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from cluster.commands import rollout as command
+    from cluster.cli.commands import rollout as command
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)  # the command's own arguments, as the CLI parses them
@@ -140,7 +140,7 @@ def test_an_engine_that_cannot_start_ends_the_run_once_saying_why(ray_local: Non
     with the engine's own reason, instead of failing every episode one by one."""
     import argparse
 
-    from cluster.commands import rollout as command
+    from cluster.cli.commands import rollout as command
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
@@ -177,7 +177,7 @@ def test_a_local_ray_keeps_a_bounded_number_of_task_records(monkeypatch: pytest.
 
     import ray
 
-    from cluster.rollout import TASK_EVENTS_VARIABLE, RayConfig, init_ray
+    from cluster.jobs.rollout import TASK_EVENTS_VARIABLE, RayConfig, init_ray
 
     started: list[str | None] = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster import room
-from cluster.config import load_config
-from cluster.room import ClusterTooSmall, Demand, check_room, shortfall
-from cluster.run import TrainJob
-from cluster.train import run_train
+from cluster.cli.config import load_config
+from cluster.fleet import room
+from cluster.fleet.room import ClusterTooSmall, Demand, check_room, shortfall
+from cluster.jobs.run import TrainJob
+from cluster.jobs.train import run_train
 from tests.test_train import EXAMPLE, SMALL
 
 ONE_NODE = [{"CPU": 4.0}]

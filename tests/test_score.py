@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from cluster.cli import main
-from cluster.config import load_config
-from cluster.score import ScoreJob, score_saved
+from cluster.cli.config import load_config
+from cluster.jobs.score import ScoreJob, score_saved
 from rollout.trajectory import load_trajectories, save_trajectories
 from tests.test_episode import BASE, Stubborn, chain, episode
 

@@ -103,7 +103,7 @@ def test_abc_weighting_and_trajectory_input(tmp_path: Path, chat: ChatFormat) ->
 
 
 def test_a_resumed_sft_takes_the_batches_the_run_would_have_taken_next() -> None:
-    from cluster.sft import sample_batches
+    from cluster.jobs.sft import sample_batches
 
     samples = [Sample(uid=str(i), trajectory=(str(i), 0), segment=0, prompt_ids=[1], response_ids=[2],
                       response_mask=[1], advantages=[0.0], old_log_probs=[0.0], loss_weights=[1.0],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.commands import data as data_command
+from cluster.cli.commands import data as data_command
 from envs.answers import answer_matches
 from envs.chat_client import ChatClientConfig, ChatUnavailable
 from envs.protocol import (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.commands import data as data_command
+from cluster.cli.commands import data as data_command
 from envs.protocol import parse_turn, render_answer
 from learner.sft_data import CleanConfig, NoReadableRows, clean_file
 from learner.sft_formats import FORMATS, r1_searcher_messages, search_results

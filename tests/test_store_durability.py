@@ -27,8 +27,8 @@ import pytest
 import redis
 
 from cluster.cli import main
-from cluster.config import dump_config, load_config
-from cluster.run import TrainJob
+from cluster.cli.config import dump_config, load_config
+from cluster.jobs.run import TrainJob
 from rollout.store import (
     FINISHED,
     StoreConfig,
@@ -363,7 +363,7 @@ def test_train_refuses_a_redis_without_persistence_before_ray_starts(
     def no_ray(*_: object) -> None:
         raise RayStarted
 
-    monkeypatch.setattr("cluster.train.init_ray", no_ray)
+    monkeypatch.setattr("cluster.jobs.train.init_ray", no_ray)
     server = redis_server(*NO_PERSISTENCE, "--requirepass", PASSWORD)
     out = tmp_path / "run"
     command = ["train", "--config", str(EXAMPLE), "--no-progress", f"out={out}", "store.kind=redis",

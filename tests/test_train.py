@@ -11,9 +11,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cluster.cli import main
-from cluster.config import load_config
-from cluster.run import TrainError, TrainJob, check, step_tasks, trainable
-from cluster.train import learning_line, run_train
+from cluster.cli.config import load_config
+from cluster.jobs.run import TrainError, TrainJob, check, step_tasks, trainable
+from cluster.jobs.train import learning_line, run_train
 from envs.plugins import PluginSpec
 from envs.tasks import Task
 from rollout.model_store import BUILD_INFO, WARM_MODEL, ensure_default_model, resolve_model
@@ -248,8 +248,8 @@ def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Pa
     # The driver asks the plugin (scores_with_policy), it does not know information_gain by name.
     from types import SimpleNamespace
 
-    from cluster.console import TrainConsole
-    from cluster.run import Run
+    from cluster.jobs.console import TrainConsole
+    from cluster.jobs.run import Run
     from envs.plugins import PluginSpec
 
     job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
@@ -267,8 +267,8 @@ def test_each_checkpoint_saves_the_learners_policy_whole_as_a_model_eval_takes_b
         tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from cluster.console import TrainConsole
-    from cluster.run import Run
+    from cluster.jobs.console import TrainConsole
+    from cluster.jobs.run import Run
 
     base = ensure_default_model()
     weights = {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(base).named_parameters()}
@@ -294,16 +294,16 @@ def test_a_worker_killed_for_memory_ends_the_run_with_one_line_and_the_way_to_re
     run on 24 GB): the command says so in one line, names the checkpoint to resume from, exits 1."""
     import ray.exceptions
 
-    import cluster.rollout
-    import cluster.train
+    import cluster.jobs.rollout
+    import cluster.jobs.train
     from cluster.cli import main
 
     def out_of_memory(*_: object, **__: object) -> None:
         raise ray.exceptions.OutOfMemoryError("3 worker(s) were killed due to the node running low on memory.\n"
                                               "Memory on the node was 22.40GB used / 23.54GB limit")
 
-    monkeypatch.setattr(cluster.train, "run_train", out_of_memory)
-    monkeypatch.setattr(cluster.rollout, "init_ray", lambda *_, **__: None)
+    monkeypatch.setattr(cluster.jobs.train, "run_train", out_of_memory)
+    monkeypatch.setattr(cluster.jobs.rollout, "init_ray", lambda *_, **__: None)
     out = tmp_path / "run"
     (out / "checkpoint").mkdir(parents=True)
     (out / "checkpoint" / "learner.json").write_text('{"step": 3}')

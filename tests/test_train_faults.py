@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import ray
 
-from cluster.config import load_config
-from cluster.run import TrainJob
-from cluster.train import run_train
+from cluster.cli.config import load_config
+from cluster.jobs.run import TrainJob
+from cluster.jobs.train import run_train
 from rollout.trajectory import Trajectory, load_trajectories
 from tests.test_train import EXAMPLE, SMALL
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from cluster.autoscale import FleetView, Want
+from cluster.fleet.autoscale import FleetView, Want
 from envs.datasets.registry import DatasetConfig
 from envs.env import Env, EnvConfig, Message, StepInfo, StepResult
 from envs.plugins import typed_options

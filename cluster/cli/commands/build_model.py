@@ -3,7 +3,7 @@
 - ``tiny-qwen3`` (the default): the tiny Qwen3 with random weights and a tokenizer trained locally
   (ChatML template), into the cache directory or ``--out``; also built on first use.
 - ``tiny-qwen3-sft``: the tiny Qwen3 after copying, then SFT on the scripted expert's trajectories
-  (:mod:`cluster.warm_start`), into ``--out`` (about 90 minutes on 2 cores; a killed build
+  (:mod:`cluster.recipes.warm_start`), into ``--out`` (about 90 minutes on 2 cores; a killed build
   continues where it stopped).
 - ``tiny-qwen3-mixed``: the warm start of the embedded ``turnstile train``: ``tiny-qwen3-sft`` after
   SFT on the expert's and a hasty agent's trajectories, into ``--out`` (about 6 minutes).
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         if args.name in RECIPE_MODELS:
-            from cluster.warm_start import build_warm_model
+            from cluster.recipes.warm_start import build_warm_model
 
             build_warm_model(target, name=args.name, force=args.force, progress=not args.no_progress)
         elif args.name in PACKAGED_MODELS:

@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     import asyncio
 
-    from cluster.config import ConfigError, load_config
-    from cluster.episode import EpisodeJob, EpisodeSetupError, show_episode
+    from cluster.cli.config import ConfigError, load_config
+    from cluster.tools.episode import EpisodeJob, EpisodeSetupError, show_episode
 
     overrides = list(args.overrides) + ([f"corpus_url={args.corpus_url}"] if args.corpus_url else [])
     try:

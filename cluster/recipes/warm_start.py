@@ -19,7 +19,7 @@ The recipe (:class:`WarmStartRecipe`, one command: ``turnstile build-model tiny-
 
 1. the expert (``engine.kind=scripted``) runs every training task of 5,000 questions of the
    default mix (the name one relation away) once through the Ray fleet with the default episode
-   settings, the corpus served on a fixed port (:data:`cluster.defaults.WARM_CORPUS_PORT`: the same URLs on every
+   settings, the corpus served on a fixed port (:data:`cluster.jobs.defaults.WARM_CORPUS_PORT`: the same URLs on every
    machine, and where ``turnstile train`` serves it); its correct trajectories are the data. Its
    thoughts are written to be copied from: it cites the result it opens as the search listed it
    (``[X](url)``) and quotes the fact the page gave (``Publisher: Y``), and pages live at
@@ -62,8 +62,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster.defaults import DEFAULT_TASKS, MULTIHOP_TASKS, MULTIHOP_TURNS, WARM_CORPUS_PORT, default_episode
-from cluster.rollout import RolloutJob, run_rollout
+from cluster.jobs.defaults import DEFAULT_TASKS, MULTIHOP_TASKS, MULTIHOP_TURNS, WARM_CORPUS_PORT, default_episode
+from cluster.jobs.rollout import RolloutJob, run_rollout
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.files import atomic_directory, atomic_path
 from envs.synthetic.expert import ExpertConfig
@@ -227,7 +227,7 @@ def train_warm_model(target: Path, trajectories: list[Trajectory], recipe: WarmS
                            checkpoint=checkpoint)
         info = {
             "name": name,
-            "what": WHAT.get(name, "a model built by cluster.warm_start"),
+            "what": WHAT.get(name, "a model built by cluster.recipes.warm_start"),
             "made_by": f"turnstile build-model {name} --out DIR",
             "base": json.loads((base / BUILD_INFO).read_text()),
             "recipe": asdict(recipe),
@@ -271,7 +271,7 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
     limit = recipe.limit if limit is None else limit
     rollout = RolloutJob()
     rollout.group_size = 1
-    rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.rollout.expert_engine)
+    rollout.engine.kind = "scripted"  # told the question mix by the data (cluster.jobs.rollout.expert_engine)
     rollout.engine.scripted.hasty_fraction = recipe.hasty_fraction
     rollout.engine.scripted.early_fraction = recipe.early_fraction
     rollout.engine.scripted.report = recipe.context == "iter_research"

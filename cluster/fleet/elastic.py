@@ -7,7 +7,7 @@
   the routers' membership and is replaced. A worker Ray could not bring back (``worker_restarts``
   used up, or its node lost) is replaced too. With autoscaling off, this is all the thread does:
   the fleet keeps ``engine_replicas`` and ``workers``.
-- **Size** (``autoscale.enabled``). The policy (:mod:`cluster.autoscale`) says how many replicas
+- **Size** (``autoscale.enabled``). The policy (:mod:`cluster.fleet.autoscale`) says how many replicas
   and workers it wants; a larger fleet must be wanted for ``up_delay_s``, a smaller one for
   ``down_delay_s``, and the answer is clamped into ``[min, max]``. Ray places what is started; when
   the cluster has no room, :func:`ray.autoscaler.sdk.request_resources` asks Ray's autoscaler for
@@ -21,7 +21,7 @@
   answers), then finishes the requests it has in flight and is released. A leaving worker takes no
   new episode and is released when its episodes are done. After ``drain_timeout_s`` either is
   stopped: a replica's requests are retried on another, a worker's episodes run again elsewhere
-  from their checkpoints (:mod:`cluster.dispatch`). Nothing is lost or run twice.
+  from their checkpoints (:mod:`cluster.fleet.dispatch`). Nothing is lost or run twice.
 
 Publishing follows the membership (:meth:`publish`): no collective group is sized at the start.
 Every change is a :class:`ScaleEvent` with its reason, logged and counted in the step metrics.
@@ -42,9 +42,9 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from cluster.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
-from cluster.dispatch import WorkerPool
-from cluster.room import Demand, check_room
+from cluster.fleet.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
+from cluster.fleet.dispatch import WorkerPool
+from cluster.fleet.room import Demand, check_room
 from learner.publish import publish
 from rollout.engines.config import EngineConfig
 from rollout.errors import describe_error
@@ -489,7 +489,7 @@ def fleet_demands(config: FleetConfig) -> list[Demand]:
 def elastic_fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: str,
                   events_path: Path | None = None) -> Iterator[ElasticFleet]:
     """An :class:`ElasticFleet`, started, and stopped with all its actors on exit. Nothing starts
-    where a local Ray has no room for the initial fleet (:mod:`cluster.room`)."""
+    where a local Ray has no room for the initial fleet (:mod:`cluster.fleet.room`)."""
     check_room(fleet_demands(config))
     fleet = ElasticFleet(engine, config, spec, name, events_path)
     try:

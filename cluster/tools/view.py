@@ -294,7 +294,7 @@ def embed_json(value: object) -> str:
 
 def page_template() -> tuple[str, str]:
     """The page before and after its data, with the CSP hash of its script filled in."""
-    template = resources.files("cluster").joinpath("view_page.html").read_text(encoding="utf-8")
+    template = resources.files(__name__.rpartition(".")[0]).joinpath("view_page.html").read_text(encoding="utf-8")
     script = template[template.rindex("<script>") + len("<script>"):template.rindex("</script>")]
     digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
     head, tail = template.replace(HASH_MARKER, f"sha256-{digest}").split(DATA_MARKER)

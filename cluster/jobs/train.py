@@ -6,7 +6,7 @@ data-parallel size) → the new weights published to the engines under the next 
 ``eval_every`` steps the policy is measured on held-out tasks; every ``checkpoint_every`` steps the
 learner and the run's position are saved, and ``resume=true`` continues from there without repeating
 or skipping a step. ``mode=async`` keeps rollout running while rewards and updates happen, under a
-staleness bound (:mod:`cluster.train_async`); both modes share :meth:`Run.learn`.
+staleness bound (:mod:`cluster.jobs.train_async`); both modes share :meth:`Run.learn`.
 """
 
 from __future__ import annotations
@@ -20,29 +20,29 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from cluster.console import TrainConsole
-from cluster.elastic import fleet_demands
-from cluster.logs import LOGS
-from cluster.metrics import (
+from cluster.fleet.elastic import fleet_demands
+from cluster.fleet.logs import LOGS
+from cluster.fleet.room import Demand, check_room
+from cluster.jobs.console import TrainConsole
+from cluster.jobs.metrics import (
     MetricsSink,
     is_correct,
     paired_difference,
 )
-from cluster.rollout import (
+from cluster.jobs.rollout import (
     expert_engine,
     fleet,
     init_ray,
     servable_tasks,
     serve_corpus,
 )
-from cluster.room import Demand, check_room
-from cluster.run import (
+from cluster.jobs.run import (
     Run,
     RunState,
     TrainJob,
     check,
 )
-from cluster.train_async import async_loop
+from cluster.jobs.train_async import async_loop
 from learner.credit import estimator_from_options
 from learner.publish import WeightsArchive
 from learner.trainer import Learner

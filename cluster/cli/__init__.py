@@ -1,4 +1,4 @@
-"""The ``turnstile`` command line: one sub-command per module in ``cluster/commands``.
+"""The ``turnstile`` command line: one sub-command per module in ``cluster/cli/commands``.
 
 Each command module exposes ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
 """
@@ -21,7 +21,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turnstile", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in COMMANDS:
-        module = importlib.import_module(f"cluster.commands.{module_name}")
+        module = importlib.import_module(f"{__name__}.commands.{module_name}")
         command = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         if chosen is None or chosen == module.NAME:
             module.add_arguments(command)

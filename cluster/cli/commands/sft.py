@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.logs import add_verbose_argument, console_logging, worker_logs
+from cluster.cli.logs import add_verbose_argument, console_logging, worker_logs
 
 NAME = "sft"
 HELP = "Supervised fine-tuning on trajectories or chat rows, with evaluation before and after."
@@ -32,10 +32,10 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from ray.exceptions import RayError
 
-    from cluster.config import ConfigError, dump_config, load_config
-    from cluster.rollout import init_ray
-    from cluster.sft import SftJob, run_sft
-    from cluster.train import resume_hint
+    from cluster.cli.config import ConfigError, dump_config, load_config
+    from cluster.jobs.rollout import init_ray
+    from cluster.jobs.sft import SftJob, run_sft
+    from cluster.jobs.train import resume_hint
     from learner.sft import SftDataError
     from learner.trainer import LearnerError
     from rollout.errors import describe_error

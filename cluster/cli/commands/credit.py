@@ -20,7 +20,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from cluster.config import ConfigError, load_config
+from cluster.cli.config import ConfigError, load_config
 from learner.credit import (
     ESTIMATORS,
     CreditInputError,

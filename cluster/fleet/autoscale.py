@@ -4,7 +4,7 @@ A policy sees a :class:`FleetView` (what runs now, what waits) and answers a :cl
 many engine replicas and rollout workers the fleet should have. It only decides; a
 :class:`Sizer` clamps the answer into ``[min, max]`` and holds a change back until it has been
 wanted for ``up_delay_s`` (growing) or ``down_delay_s`` (shrinking), and the fleet
-(:class:`cluster.elastic.ElasticFleet`, or the fleet simulator's stand-in) carries it out (start and
+(:class:`cluster.fleet.elastic.ElasticFleet`, or the fleet simulator's stand-in) carries it out (start and
 catch up, or drain and release).
 
 Policies are plugins (``rollout.fleet.autoscale.kind``: a name registered here, an entry point of

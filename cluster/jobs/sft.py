@@ -20,8 +20,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cluster.defaults import sft_eval_rollout
-from cluster.rollout import RayConfig, RolloutJob, init_ray, run_rollout
+from cluster.jobs.defaults import sft_eval_rollout
+from cluster.jobs.rollout import RayConfig, RolloutJob, init_ray, run_rollout
 from learner.batch import Sample
 from learner.publish import replace_model
 from learner.sft import load_sft_samples, well_formed_share

@@ -215,7 +215,7 @@ class MetricsSink:
                  run_config: Mapping[str, object] | None = None,
                  show: Callable[[Mapping[str, float], int], None] | None = None) -> None:
         self.config = config
-        self.show = show or _print_step  # where the console summary goes (a live view: cluster.console)
+        self.show = show or _print_step  # where the console summary goes (a live view: cluster.jobs.console)
         self.skipped = 0
         self._warned: set[str] = set()
         self._queue_depths: dict[str, float] = {}

@@ -1,6 +1,6 @@
 """The embedded default experiment, in one place: what ``turnstile train``, ``eval`` and ``sft`` run
 with no config, and the task mixes and episode settings the warm-start recipes
-(``cluster/warm_start.py``) built their models for. ``examples/train.yaml`` writes the same default
+(``cluster/recipes/warm_start.py``) built their models for. ``examples/train.yaml`` writes the same default
 out (a test keeps them equal).
 
 The library's jobs read their defaults from here; the recipes and benchmarks import it too; this
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.rollout import RayConfig, RolloutJob
+from cluster.jobs.rollout import RayConfig, RolloutJob
 from envs.datasets.registry import DatasetConfig
 from envs.env import EnvConfig
 from rollout.episode import EpisodeConfig

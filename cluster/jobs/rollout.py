@@ -22,10 +22,10 @@ from pathlib import Path
 import ray
 from tqdm import tqdm
 
-from cluster.console import Tally
-from cluster.dispatch import Dispatcher, Episode, WorkerPool
-from cluster.elastic import ElasticFleet, FleetConfig, elastic_fleet
-from cluster.logs import worker_runtime_env
+from cluster.fleet.dispatch import Dispatcher, Episode, WorkerPool
+from cluster.fleet.elastic import ElasticFleet, FleetConfig, elastic_fleet
+from cluster.fleet.logs import worker_runtime_env
+from cluster.jobs.console import Tally
 from envs.corpus import CorpusConfig, corpus_documents
 from envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
 from envs.datasets.registry import DatasetConfig, load_tasks
@@ -113,7 +113,7 @@ def servable_tasks(datasets: list[DatasetConfig], corpus: CorpusConfig, engine: 
 @contextlib.contextmanager
 def fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: str,
           events: Path | None = None) -> Iterator[ElasticFleet]:
-    """The rollout fleet of rollout and training alike (:class:`~cluster.elastic.ElasticFleet`):
+    """The rollout fleet of rollout and training alike (:class:`~cluster.fleet.elastic.ElasticFleet`):
     engine replicas behind a router and rollout workers in a dispatch pool, named
     ``<name>-engine-<i>`` and ``<name>-worker-<i>``, healed, and grown or shrunk when
     ``config.autoscale`` says so; every actor is killed on exit. ``spec.model`` is the resolved
@@ -137,14 +137,14 @@ def fleet_events(out: Path) -> Path:
 
 
 def rollout_logs(out: Path) -> Path:
-    """Where a rollout to ``out`` sends its workers' output (:mod:`cluster.logs`): ``<stem>.logs/`` beside it."""
+    """Where a rollout to ``out`` sends its workers' output (:mod:`cluster.fleet.logs`): ``<stem>.logs/`` beside it."""
     return out.with_name(f"{out.stem}.logs")
 
 
 def init_ray(cfg: RayConfig, logs: Path | None = None) -> None:
     """Join the cluster ``cfg.address`` (or ``RAY_ADDRESS``, which ``ray job submit`` sets) or start
     a local Ray with ``cfg.num_cpus`` logical CPUs (ignored when joining: the cluster has its own).
-    A local Ray started with ``logs`` sends its workers' output there (:mod:`cluster.logs`)."""
+    A local Ray started with ``logs`` sends its workers' output there (:mod:`cluster.fleet.logs`)."""
     if ray.is_initialized():
         return
     joining = bool(cfg.address or os.environ.get("RAY_ADDRESS"))
@@ -204,7 +204,7 @@ def serve_corpus(corpus: CorpusConfig) -> Iterator[CorpusConfig]:
 
 def collect(pool: WorkerPool, episodes: list[Episode], fleet: FleetConfig, out: Path,
             tally: Tally) -> tuple[list[Trajectory], int, int]:
-    """Run ``episodes`` on the pool (:class:`~cluster.dispatch.Dispatcher`: least loaded worker,
+    """Run ``episodes`` on the pool (:class:`~cluster.fleet.dispatch.Dispatcher`: least loaded worker,
     a dead worker's episodes rerun elsewhere), writing each trajectory to ``out`` as it finishes and
     counting it on ``tally`` (a progress bar, or the console's stage). Returns the trajectories
     (failed ones as their records), how many failed and how many were rerun."""

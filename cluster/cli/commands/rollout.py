@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.logs import add_verbose_argument, console_logging
+from cluster.cli.logs import add_verbose_argument, console_logging
 
 NAME = "rollout"
 HELP = "Roll out G samples per task on Ray and write trajectories (JSONL) with a summary."
@@ -29,9 +29,9 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from ray.exceptions import RayError
 
-    from cluster.config import ConfigError, dump_config, load_config
-    from cluster.dispatch import NoWorkersLeft
-    from cluster.rollout import RolloutJob, init_ray, rollout_logs, run_rollout
+    from cluster.cli.config import ConfigError, dump_config, load_config
+    from cluster.fleet.dispatch import NoWorkersLeft
+    from cluster.jobs.rollout import RolloutJob, init_ray, rollout_logs, run_rollout
     from envs.corpus_server import CorpusServerError
     from rollout.errors import describe_error
     from rollout.fleet import EngineStartError

@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
-    from cluster.config import ConfigError, load_config
-    from cluster.score import ScoreJob, score_file
+    from cluster.cli.config import ConfigError, load_config
+    from cluster.jobs.score import ScoreJob, score_file
     from learner.credit import CreditInputError
     from rewards.base import RewardError
     from rollout.trajectory import TrajectoryError

@@ -1,7 +1,7 @@
 """``turnstile eval``: k samples of every question of one or more benchmarks on the rollout fleet,
 judged, scored (pass@1..k, avg@k, maj@k with 95% intervals) and written as they finish.
 
-Reads like :func:`cluster.rollout.run_rollout`: serve the corpus, load every benchmark's tasks
+Reads like :func:`cluster.jobs.rollout.run_rollout`: serve the corpus, load every benchmark's tasks
 (checked together before any actor starts), start the fleet (``rollout.*`` as in train: engine,
 fleet, context, episode, tools, corpus, ray; ``rollout.data`` and ``rollout.group_size`` are not
 used, ``benchmarks`` and ``k`` are), run the samples not yet in ``OUT/results.jsonl``, then score.
@@ -33,12 +33,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cluster.defaults import default_eval_data, default_rollout
-from cluster.dispatch import Dispatcher
-from cluster.eval_metrics import benchmark_scores, mean_interval
-from cluster.metrics import browse_ratio
-from cluster.rollout import RolloutJob, expert_engine, fleet, init_ray, servable_tasks, serve_corpus
-from cluster.synthesis import SynthesisConfig, final_report, synthesize, synthesize_with_policy
+from cluster.fleet.dispatch import Dispatcher
+from cluster.jobs.defaults import default_eval_data, default_rollout
+from cluster.jobs.eval_metrics import benchmark_scores, mean_interval
+from cluster.jobs.metrics import browse_ratio
+from cluster.jobs.rollout import RolloutJob, expert_engine, fleet, init_ray, servable_tasks, serve_corpus
+from cluster.jobs.synthesis import SynthesisConfig, final_report, synthesize, synthesize_with_policy
 from envs.answers import normalize_answer
 from envs.datasets.registry import DatasetConfig
 from envs.plugins import PluginSpec
@@ -95,7 +95,7 @@ class EvalJob:
     benchmarks: list[BenchmarkConfig] = field(default_factory=_default_benchmarks)
     k: int = 4  # samples per question
     rollout: RolloutJob = field(default_factory=default_rollout)  # the policy and its environment
-    synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)  # synth@n (cluster.synthesis)
+    synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)  # synth@n (cluster.jobs.synthesis)
     out: str = "runs/eval"
 
     def __post_init__(self) -> None:

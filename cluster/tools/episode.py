@@ -1,5 +1,5 @@
 """One episode of the scripted expert on the embedded default, every turn printed (``turnstile
-episode``, see :mod:`cluster.commands.episode`): the synthetic world served over loopback HTTP (in
+episode``, see :mod:`cluster.cli.commands.episode`): the synthetic world served over loopback HTTP (in
 process, or a running ``turnstile serve-corpus``), the real tools, :class:`~envs.env.SearchBrowseEnv`.
 """
 

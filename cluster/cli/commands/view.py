@@ -8,7 +8,7 @@ picker)::
     turnstile view runs/train --out train.html
 
 The page shows each group's samples side by side, their turns coloured by advantage, and a turn's
-full response and observation on click; see ``cluster/view.py`` for how it is built.
+full response and observation on click; see ``cluster/tools/view.py`` for how it is built.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.view import PageSummary, ViewError, find_sources, write_page
+from cluster.tools.view import PageSummary, ViewError, find_sources, write_page
 
 NAME = "view"
 HELP = ("Write one self-contained HTML page to browse trajectory files (rollouts, scored, credited) or a "

@@ -1,5 +1,5 @@
-"""One training run's state and step, shared by both modes of ``turnstile train`` (:mod:`cluster.train`
-starts the run, :mod:`cluster.train_async` drives the asynchronous mode): the job's config
+"""One training run's state and step, shared by both modes of ``turnstile train`` (:mod:`cluster.jobs.train`
+starts the run, :mod:`cluster.jobs.train_async` drives the asynchronous mode): the job's config
 (:class:`TrainJob`), what a run has done (:class:`RunState`, saved in ``run.json`` for resuming), and
 :class:`Run`, which holds the fleet, the learner and the estimator and does the synchronous loop, one
 learner update (:meth:`Run.learn`) and a held-out evaluation.
@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.console import Tally, TrainConsole
-from cluster.defaults import default_eval_data, default_rollout
-from cluster.dispatch import WorkerPool
-from cluster.elastic import ElasticFleet
-from cluster.metrics import (
+from cluster.fleet.dispatch import WorkerPool
+from cluster.fleet.elastic import ElasticFleet
+from cluster.jobs.console import Tally, TrainConsole
+from cluster.jobs.defaults import default_eval_data, default_rollout
+from cluster.jobs.metrics import (
     MetricsConfig,
     MetricsSink,
     browse_ratio,
@@ -28,11 +28,11 @@ from cluster.metrics import (
     step_metrics,
     wilson_interval,
 )
-from cluster.rollout import (
+from cluster.jobs.rollout import (
     RolloutJob,
     collect,
 )
-from cluster.score import find_tasks
+from cluster.jobs.score import find_tasks
 from envs.datasets.registry import DatasetConfig
 from envs.files import atomic_write
 from envs.plugins import PluginSpec
@@ -61,7 +61,7 @@ ENVIRONMENT_FAULTS = ("mask", "keep", "drop_group")  # what training does with a
 
 @dataclass
 class TrainJob:
-    mode: str = "sync"  # sync | async (see cluster/train_async.py)
+    mode: str = "sync"  # sync | async (see cluster/jobs/train_async.py)
     name: str = ""  # prefix of the run's Ray actor names (<name>-worker-0, -engine-0, -reward-0); "" = random
     staleness: int = 1  # η: async rollout runs at most this many versions ahead; older samples drop
     # An episode whose result the environment decided (rollout.episode.faults, rollout/faults.py):
@@ -200,7 +200,7 @@ class Run:
                  estimator: Estimator, sink: MetricsSink, console: TrainConsole, name: str = "turnstile",
                  store_config: StoreConfig | None = None) -> None:
         self.job, self.out, self.learner, self.fleet = job, out, learner, fleet
-        self.pool, self.tasks, self.eval_tasks = fleet.pool, tasks, eval_tasks  # the rollout workers: cluster.dispatch
+        self.pool, self.tasks, self.eval_tasks = fleet.pool, tasks, eval_tasks  # the workers: cluster.fleet.dispatch
         self.estimator, self.sink, self.console = estimator, sink, console
         self.state = RunState()
         self.rerun = 0

@@ -1,0 +1,1 @@
+"""Tools for people: the trajectory viewer and a single scripted episode."""
