@@ -56,13 +56,21 @@ MULTIHOP_MIX = json.dumps(MULTIHOP_TASKS)  # the split the warm start was built 
 MULTIHOP = [f"rollout.data.options={MULTIHOP_MIX}", f"eval_data.options={MULTIHOP_MIX}",
             "rollout.episode.env.max_turns=8", "rollout.episode.context_budget=4096", "steps=20", "eval_every=10"]
 MULTIHOP_ARMS = ("mh_grpo", "mh_igpo", "mh_igpo_every", "mh_abc_grpo", "mh_grpo_unanswered0", "mh_igpo_unanswered0",
-                 "mh_igpo_unanswered0_live")
+                 "mh_igpo_unanswered0_live", "mh_grpo_seqmean", "mh_abc_grpo_seqmean", "mh_igpo_seqmean")
 # The fix tried from the first runs' reading (item 4): in a group whose answers are all wrong, the
 # format rule's -1 for an episode the turn limit cut was the only spread, and GRPO learnt to answer
 # sooner. These arms score a cut episode 0, as a wrong answer (docs/algorithms.md §3).
 UNANSWERED0 = "estimator.options={penalise_unanswered: false}"
-# Whom each multi-hop arm is compared with after the last step: GRPO under the same outcome rule.
-BASELINE = {"mh_igpo_unanswered0": "mh_grpo_unanswered0", "mh_igpo_unanswered0_live": "mh_grpo_unanswered0"}
+# The fix tried from the third build's first runs (GRPO and ABC-GRPO both lost accuracy): with the
+# token-mean loss a sample weighs by its tokens, and in groups that are mostly wrong the long failed
+# episodes carry the negative advantages, so the update lowers the likelihood of the sampled text
+# overall (token-weighted mean advantage -0.10 a step in the multi-hop runs, negative at 17-20 of 20
+# steps, against -0.03 and 6 of 10 in the default's one-hop run). seq-mean-token-mean weighs every
+# sample the same, where the group normalisation makes the advantages sum to zero.
+SEQMEAN = "learner.loss_agg_mode=seq-mean-token-mean"
+# Whom each multi-hop arm is compared with after the last step: GRPO under the same outcome rule and loss.
+BASELINE = {"mh_igpo_unanswered0": "mh_grpo_unanswered0", "mh_igpo_unanswered0_live": "mh_grpo_unanswered0",
+            "mh_abc_grpo_seqmean": "mh_grpo_seqmean", "mh_igpo_seqmean": "mh_grpo_seqmean"}
 
 # The fault drill (issue 37): the toolbox fails 30% of the tool calls as an unavailable service would
 # (the environment's fault), with no retry (with the default 3 attempts only 2.7% of calls would
@@ -107,6 +115,12 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "mh_igpo_unanswered0_live": ("multi-hop: IGPO, a cut episode scored as a wrong answer, no IG for a failed call",
                                  [*MULTIHOP, IG, "estimator.kind=igpo",
                                   "estimator.options={penalise_unanswered: false, credit_failed_calls: false}"]),
+    "mh_grpo_seqmean": ("multi-hop: GRPO, every sample weighing the same in the loss (seq-mean-token-mean)",
+                        [*MULTIHOP, SEQMEAN]),
+    "mh_abc_grpo_seqmean": ("multi-hop: ABC-GRPO, every sample weighing the same in the loss",
+                            [*MULTIHOP, CLUES, "estimator.kind=abc_grpo", SEQMEAN]),
+    "mh_igpo_seqmean": ("multi-hop: IGPO, every sample weighing the same in the loss",
+                        [*MULTIHOP, IG, "estimator.kind=igpo", SEQMEAN]),
 }
 # The arms that start from another model than the warm start, built once into OUT/models/NAME
 # (`turnstile build-model NAME`, resumable). The warm start never writes the <report> an
@@ -316,7 +330,7 @@ def multihop_table(results: dict[str, dict[str, Any]]) -> list[str]:
         by_hops = [r["hops"].get(max(r["evals"]), {}) for r in runs]
         hops = " / ".join(_mean_std([h[n] for h in by_hops if n in h]) for n in ("2", "3"))
         versus = "-"
-        if arm != "mh_grpo" and len(grpo) >= 2 and len(finals[arm]) >= 2:
+        if arm not in ("mh_grpo", *BASELINE.values()) and len(grpo) >= 2 and len(finals[arm]) >= 2:
             difference, low, high = welch_interval(finals[arm], grpo)
             versus = f"{difference * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]"
         uniform = [value for r in runs for value in r.get("uniform", {}).values()]
