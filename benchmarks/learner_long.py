@@ -133,7 +133,7 @@ def main() -> None:
 
     import ray
 
-    from cluster.jobs.rollout import RayConfig, init_ray
+    from cluster.jobs.session import RayConfig, init_ray
     from rollout.model_store import resolve_model
 
     model = resolve_model(args.model)

@@ -28,7 +28,7 @@ from pathlib import Path
 import ray
 import torch
 
-from cluster.jobs.rollout import RayConfig, init_ray
+from cluster.jobs.session import RayConfig, init_ray
 from cluster.recipes.warm_start import WarmStartRecipe, expert_trajectories
 from learner.batch import Sample, samples_from_trajectories
 from learner.trainer import Learner, LearnerConfig

@@ -44,8 +44,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from cluster.jobs.defaults import DEFAULT_TASKS
-from cluster.jobs.rollout import RayConfig, init_ray
 from cluster.jobs.score import find_tasks
+from cluster.jobs.session import RayConfig, init_ray
 from cluster.recipes.warm_start import WarmStartRecipe, expert_trajectories
 from envs.datasets.registry import DatasetConfig
 from envs.plugins import PluginSpec

@@ -17,7 +17,7 @@ turns that carry a step score, 1 otherwise).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 from learner.batch import (
@@ -143,11 +143,3 @@ def chat_trajectories(rows: Iterable[tuple[int, dict[str, object]]], chat: ChatF
                          question=str(messages[first_assistant - 1].get("content", ""))[:200],
                          answers=[str(answers)] if answers else [],
                          segments=[Segment(prompt_ids=prompt, turns=turns)])
-
-
-def well_formed_share(trajectories: Sequence[Trajectory]) -> tuple[float, int]:
-    """Share of generated turns whose format is valid (docs/algorithms.md §1), and the number of turns."""
-    turns = [turn for trajectory in trajectories for turn in trajectory.turns]
-    if not turns:
-        return 0.0, 0
-    return sum(turn.format_ok for turn in turns) / len(turns), len(turns)

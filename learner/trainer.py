@@ -50,6 +50,11 @@ class LossSettings:
     recompute_old_log_probs: bool
 
 
+# How veRL aggregates the token losses of a mini-batch: over all tokens (a sample weighs by its
+# length), per sample then over samples (each weighs the same), or token sums (over the batch, per sample, or
+# per sample over the batch normalised by the longest response).
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
 # PPO's clip range acts per token; GSPO's ratio is a sequence's geometric mean, which moves far less,
 # so it has its own range (the GSPO paper's 3e-4 / 4e-4), averages over sequences, and recomputes the
 # old log-probs with the learner: a rollout engine's own differ by more than that range (the
@@ -126,6 +131,9 @@ class LearnerConfig:
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise LearnerError(f"learner.{name}={value} must be a number > 0 (or empty: the loss's own)")
+        if self.loss_agg_mode is not None and self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise LearnerError(f"learner.loss_agg_mode={self.loss_agg_mode!r} is not one of "
+                               f"{', '.join(LOSS_AGG_MODES)} (or empty: the loss's own)")
         if self.kl_type not in KL_TYPES:
             raise LearnerError(f"learner.kl_type={self.kl_type!r} is not one of {', '.join(KL_TYPES)}")
         if self.kl_coef < 0:

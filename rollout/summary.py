@@ -24,6 +24,14 @@ def is_correct(trajectory: Trajectory) -> bool:
     return trajectory.answered and answer_matches(trajectory.answer, trajectory.answers)
 
 
+def well_formed_share(trajectories: Sequence[Trajectory]) -> tuple[float, int]:
+    """Share of generated turns whose format is valid (docs/algorithms.md §1), and the number of turns."""
+    turns = [turn for trajectory in trajectories for turn in trajectory.turns]
+    if not turns:
+        return 0.0, 0
+    return sum(turn.format_ok for turn in turns) / len(turns), len(turns)
+
+
 @dataclass
 class RolloutSummary:
     episodes: int

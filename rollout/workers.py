@@ -62,7 +62,9 @@ class RolloutWorker:
         self.resumed = 0  # episodes continued from a checkpoint
         self._running: dict[str, int] = {}  # episode -> checkpoints saved so far
 
-    async def run(self, task: Task, uid: str, sample: int) -> Trajectory:
+    async def run(self, task: Task, uid: str, sample: int, context: ContextConfig | None = None) -> Trajectory:
+        """One episode of ``task`` (sample ``sample`` of group ``uid``), with the worker's context
+        manager unless ``context`` names another (an evaluation's benchmark with its own)."""
         affinity = f"{uid}/{sample}"
         key = f"episode:{uid}:{sample}"
         checkpointing, note = await self._checkpointing(key, task, uid, sample)
@@ -71,7 +73,7 @@ class RolloutWorker:
         try:
             trajectory = await run_episode(
                 task, uid, sample, engine=self.router, toolbox=self.toolbox, chat=self.chat,
-                context_manager=build_context_manager(self.spec.context), config=self.spec.episode,
+                context_manager=build_context_manager(context or self.spec.context), config=self.spec.episode,
                 affinity=affinity, checkpointing=checkpointing,
             )
         finally:

@@ -19,7 +19,8 @@ import torch
 from cluster.cli.config import ConfigError, load_config
 from cluster.fleet.autoscale import AutoscaleConfig, FleetView, Schedule, TargetLoad, build_policy
 from cluster.fleet.elastic import ElasticFleet, elastic_fleet
-from cluster.jobs.rollout import RolloutJob, fleet_events, run_rollout, serve_corpus
+from cluster.jobs.rollout import fleet_events, run_rollout
+from cluster.jobs.session import RolloutJob, serve_corpus
 from envs.answers import answer_matches
 from rollout.engines.config import EngineConfig
 from rollout.model_store import resolve_model

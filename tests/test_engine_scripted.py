@@ -154,7 +154,7 @@ def test_check_tasks_refuses_questions_outside_the_world(tasks: list[Task]) -> N
 
 
 def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Path) -> None:
-    from cluster.jobs.rollout import check_servable
+    from cluster.jobs.session import check_servable
     from envs.corpus import CorpusConfig
     from envs.corpus_server import PAGE_PREFIX
     from envs.datasets.registry import DatasetConfig, load_tasks
@@ -171,7 +171,7 @@ def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Pat
     with pytest.raises(ValueError, match=r"engine.kind=scripted"):
         check_servable(hotpot, CorpusConfig(kind="none"), EngineConfig(kind="scripted"))
     # A rollout of HotpotQA tells the expert its data: it follows those questions' clue chains.
-    from cluster.jobs.rollout import expert_engine
+    from cluster.jobs.session import expert_engine
 
     data = DatasetConfig(kind="hotpotqa", path=str(shared_data / "multihop/hotpotqa_dev500.jsonl"), limit=3)
     oracle = expert_engine(EngineConfig(kind="scripted"), data)

@@ -37,7 +37,7 @@ HELDOUT = ("{kind: synthetic, path: '', split: eval, limit: 8, options: {min_hop
 # to be killed half-way.
 SLOW_EXPERT = ["rollout.engine.kind=sim", "rollout.engine.options={decode_s_per_token: 0.01, concurrency: 2}",
                "rollout.fleet.episodes_per_worker=2", "rollout.corpus.port=0", "k=2",
-               # one benchmark twice: the second with another context manager, on a fleet of its own
+               # one benchmark twice: the second with another context manager, on the same fleet
                f"benchmarks=[{{name: synthetic-heldout, data: {HELDOUT}}}, "
                f"{{name: heldout-discard-all, data: {HELDOUT}, context: {{kind: discard_all, max_resets: 2}}}}]"]
 # The same expert ten times faster: what the continued run uses for the samples left (a setting of
@@ -96,8 +96,12 @@ def test_a_killed_eval_continues_and_every_sample_is_scored_once(tmp_path: Path,
     assert set(summary) == {"tasks", "k", "pass@1", "pass@2", "avg@2", "maj@2", "answered", "well_formed"}
     assert all(row["turns"] >= 1 and row["stop_reason"] for row in rows)
     # Each sample's trajectory is kept to look at (a kill may leave at most the one it cut short out).
-    kept = {(t.uid, t.sample) for t in load_trajectories(out / "trajectories.jsonl")}
+    trajectories = load_trajectories(out / "trajectories.jsonl")
+    kept = {(t.uid, t.sample) for t in trajectories}
     assert len({(f"{r['benchmark']}/{r['task_id']}", r["sample"]) for r in rows} - kept) <= 1
+    # ... each under its benchmark's context manager, both benchmarks on one fleet
+    managers = {(t.uid.split("/")[0], t.context_manager) for t in trajectories}
+    assert managers == {("synthetic-heldout", "mono"), ("heldout-discard-all", "discard_all")}, managers
     assert "pass@1" in log and "synthetic-heldout: 8 questions, k=2" in log
     assert (out / "eval.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -64,6 +64,9 @@ def test_config_errors_name_the_setting() -> None:
         LearnerConfig(loss="ppo")
     with pytest.raises(LearnerError, match=r"learner.threads must be >= 0"):
         LearnerConfig(threads=-1)
+    with pytest.raises(LearnerError, match=r"loss_agg_mode='seq-mean' is not one of token-mean, .*seq-mean-token-mean"):
+        LearnerConfig(loss_agg_mode="seq-mean")
+    assert LearnerConfig(loss_agg_mode="seq-mean-token-mean").loss_agg_mode == "seq-mean-token-mean"
     with pytest.raises(LearnerError, match=r"'Adamw' is not an optimiser of torch.optim"):
         LearnerConfig(optimizer="Adamw")
     with pytest.raises(LearnerError, match=r"eps is not an argument of torch.optim.SGD"):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from cluster.cli.config import load_config
-from cluster.jobs.rollout import RolloutJob, run_rollout
+from cluster.jobs.rollout import run_rollout
+from cluster.jobs.session import RolloutJob
 from envs.answers import answer_matches
 from rollout.trajectory import StopReason, load_trajectories
 from tests.tools_for_tests import WorkerKiller
@@ -177,7 +178,7 @@ def test_a_local_ray_keeps_a_bounded_number_of_task_records(monkeypatch: pytest.
 
     import ray
 
-    from cluster.jobs.rollout import TASK_EVENTS_VARIABLE, RayConfig, init_ray
+    from cluster.jobs.session import TASK_EVENTS_VARIABLE, RayConfig, init_ray
 
     started: list[str | None] = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

@@ -17,10 +17,10 @@ from learner.sft import (
     chat_trajectories,
     detect_format,
     load_sft_samples,
-    well_formed_share,
 )
 from rollout.chat import ChatFormat
 from rollout.model_store import resolve_model
+from rollout.summary import well_formed_share
 from rollout.trajectory import Segment, Trajectory, Turn, save_trajectories
 
 ROW = {"messages": [

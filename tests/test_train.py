@@ -255,8 +255,8 @@ def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Pa
     job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
     job.rewards = [PluginSpec("tests.user_plugins:PolicyScore"), PluginSpec("exact_match"),
                    PluginSpec("information_gain", {"model": "own"})]
-    fleet = SimpleNamespace(pool=None)
-    run = Run(job, tmp_path, None, fleet, [], [], None, None, TrainConsole(1, live=False))  # type: ignore[arg-type]
+    session = SimpleNamespace(tasks=[[], []])
+    run = Run(job, tmp_path, None, session, None, None, TrainConsole(1, live=False))  # type: ignore[arg-type]
     assert [spec.options for spec in run.reward_specs()] == [{}, {}, {"model": "own"}]  # no archive yet
     run.archive = SimpleNamespace(root=tmp_path / "weights")  # type: ignore[assignment]
     assert [spec.options for spec in run.reward_specs()] == [
@@ -274,7 +274,7 @@ def test_each_checkpoint_saves_the_learners_policy_whole_as_a_model_eval_takes_b
     weights = {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(base).named_parameters()}
     learner = SimpleNamespace(config=SimpleNamespace(model=str(base)), full_weights=lambda: trained)
     job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
-    run = Run(job, tmp_path, learner, SimpleNamespace(pool=None), [], [], None, None,  # type: ignore[arg-type]
+    run = Run(job, tmp_path, learner, SimpleNamespace(tasks=[[], []]), None, None,  # type: ignore[arg-type]
               TrainConsole(1, live=False))
     for step in (1, 2):
         trained = {name: w + step for name, w in weights.items()}
@@ -294,7 +294,7 @@ def test_a_worker_killed_for_memory_ends_the_run_with_one_line_and_the_way_to_re
     run on 24 GB): the command says so in one line, names the checkpoint to resume from, exits 1."""
     import ray.exceptions
 
-    import cluster.jobs.rollout
+    import cluster.jobs.session
     import cluster.jobs.train
     from cluster.cli import main
 
@@ -303,7 +303,7 @@ def test_a_worker_killed_for_memory_ends_the_run_with_one_line_and_the_way_to_re
                                               "Memory on the node was 22.40GB used / 23.54GB limit")
 
     monkeypatch.setattr(cluster.jobs.train, "run_train", out_of_memory)
-    monkeypatch.setattr(cluster.jobs.rollout, "init_ray", lambda *_, **__: None)
+    monkeypatch.setattr(cluster.jobs.session, "init_ray", lambda *_, **__: None)
     out = tmp_path / "run"
     (out / "checkpoint").mkdir(parents=True)
     (out / "checkpoint" / "learner.json").write_text('{"step": 3}')

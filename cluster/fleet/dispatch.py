@@ -30,13 +30,16 @@ import ray
 from ray.exceptions import RayActorError
 
 from envs.tasks import Task
+from rollout.context import ContextConfig
 from rollout.errors import describe_error
 from rollout.store import StoreDataLostError
 from rollout.trajectory import StopReason, Trajectory
 
 log = logging.getLogger(__name__)
 
-Episode = tuple[Task, str, int]  # the task, the group's uid, the sample index
+# The task, the group's uid, the sample index, and the context manager when not the fleet's own (an
+# evaluation's benchmark with its own).
+Episode = tuple[Task, str, int] | tuple[Task, str, int, ContextConfig]
 
 
 class NoWorkersLeft(RuntimeError):
@@ -221,10 +224,11 @@ class Dispatcher:
             worker = self.pool.take()
             if worker is None:
                 return
-            task, uid, sample = episode = self.waiting.popleft()
+            episode = self.waiting.popleft()
+            _, uid, sample = episode[:3]
             self.pool.queued(-1)
             self.attempts[(uid, sample)] = self.attempts.get((uid, sample), 0) + 1
-            self.running[self.pool.workers[worker].run.remote(task, uid, sample)] = (worker, episode)
+            self.running[self.pool.workers[worker].run.remote(*episode)] = (worker, episode)
 
     def _finish(self, ref: ray.ObjectRef) -> Trajectory | None:
         worker, episode = self.running.pop(ref)
@@ -266,6 +270,6 @@ def episode_raised(episode: Episode, error: Exception) -> Trajectory:
 
 def failed_trajectory(episode: Episode, error: str) -> Trajectory:
     """The record of an episode that produced no trajectory of its own: stop reason ``error``."""
-    task, uid, sample = episode
+    task, uid, sample = episode[:3]
     return Trajectory(uid=uid, sample=sample, task_id=task.id, question=task.question,
                       answers=list(task.answers), stop_reason=StopReason.ERROR, metadata={"error": error})

@@ -56,6 +56,9 @@ class _Uncounted:
         return None
 
 
+UNCOUNTED = _Uncounted()  # a tally nobody reads
+
+
 class TrainConsole:
     """The console of one training run: :meth:`stage` says what the run does now, :meth:`step`
     reports a finished step. Live on a terminal, plain lines elsewhere (see the module)."""
@@ -154,7 +157,7 @@ class TrainConsole:
         with self._lock:
             self.stage_name, self.stage_done, self.stage_total = name, 0, total
             self._stage_started = time.monotonic()
-        return self if total else _Uncounted()
+        return self if total else UNCOUNTED
 
     def update(self, n: int = 1) -> None:
         with self._lock:

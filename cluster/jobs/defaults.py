@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.jobs.rollout import RayConfig, RolloutJob
+from cluster.jobs.session import RayConfig, RolloutJob
 from envs.datasets.registry import DatasetConfig
 from envs.env import EnvConfig
 from rollout.episode import EpisodeConfig
@@ -65,12 +65,15 @@ def default_eval_data() -> DatasetConfig:
 
 def sft_eval_rollout() -> RolloutJob:
     """How ``turnstile sft`` evaluates by default: 8 held-out synthetic questions, 2 samples each, on
-    the learner's own weights through transformers."""
+    the learner's own weights (published to the fleet before each evaluation) through transformers."""
     rollout = RolloutJob()
     rollout.data = DatasetConfig(kind="synthetic", path="", split="eval", limit=8)
     rollout.group_size = 2
     rollout.engine.kind = "hf"
     rollout.fleet.workers = 1
     rollout.fleet.episodes_per_worker = 16
+    # The fleet waits beside the learner while it trains: with half a CPU for its engine, the default
+    # job (one learner rank of one CPU) fits a Ray of two CPUs.
+    rollout.fleet.engine_cpus = 0.5
     rollout.episode = EpisodeConfig(max_new_tokens=160, context_budget=2048, env=EnvConfig(max_turns=6))
     return rollout

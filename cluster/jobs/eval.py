@@ -33,11 +33,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cluster.fleet.dispatch import Dispatcher
+from cluster.fleet.dispatch import Episode
 from cluster.jobs.defaults import default_eval_data, default_rollout
 from cluster.jobs.eval_metrics import benchmark_scores, mean_interval
 from cluster.jobs.metrics import browse_ratio
-from cluster.jobs.rollout import RolloutJob, expert_engine, fleet, init_ray, servable_tasks, serve_corpus
+from cluster.jobs.session import RolloutJob, fleet_session
 from cluster.jobs.synthesis import SynthesisConfig, final_report, synthesize, synthesize_with_policy
 from envs.answers import normalize_answer
 from envs.datasets.registry import DatasetConfig
@@ -50,7 +50,6 @@ from rollout.context import ContextConfig
 from rollout.model_store import resolve_model
 from rollout.summary import FAILED, is_correct, nothing_ran
 from rollout.trajectory import Trajectory, write_trajectory
-from rollout.workers import WorkerSpec
 
 log = logging.getLogger(__name__)
 ENCRYPTED_KINDS = frozenset({"browsecomp_zh", "xbench"})  # loaders that decrypt in memory
@@ -126,54 +125,38 @@ def run_eval(cfg: EvalJob, progress: bool = True) -> dict[str, dict[str, object]
     # (not every trajectory: a long eval's would all be held until the end).
     first_failure: Trajectory | None = None
     any_ran_through = False
-    rollout = cfg.rollout
-    init_ray(rollout.ray)
-    model = resolve_model(rollout.engine.model)
     started = time.monotonic()
-    with serve_corpus(rollout.corpus) as corpus:
-        engine = rollout.engine
-        for bench in cfg.benchmarks:
-            engine = expert_engine(engine, bench.data)
-        task_lists = servable_tasks([b.data for b in cfg.benchmarks], corpus, engine)
+    with fleet_session(cfg.rollout, [b.data for b in cfg.benchmarks], name=f"turnstile-eval-{uuid.uuid4().hex[:8]}",
+                       events=out / "fleet.jsonl") as session:
+        task_lists = session.tasks
         by_uid, tasks_by_uid = {}, {}
-        by_context: dict[str, tuple[ContextConfig, list]] = {}  # one fleet per context manager
+        episodes: list[Episode] = []
         for bench, tasks in zip(cfg.benchmarks, task_lists, strict=True):
-            context = bench.context or rollout.context
-            episodes = by_context.setdefault(repr(context), (context, []))[1]
             for task in tasks:
                 uid = f"{bench.name}/{task.id}"
                 by_uid[uid], tasks_by_uid[uid] = bench, task
-                episodes += [(task, uid, s) for s in range(cfg.k) if (bench.name, task.id, s) not in done]
-        todo = sum(len(episodes) for _, episodes in by_context.values())
-        bar = tqdm(total=todo + len(done), initial=len(done), desc="samples", unit="ep", disable=not progress)
-        for context, episodes in by_context.values():
-            if not episodes:
-                continue
-            spec = WorkerSpec(tools=rollout.tools, episode=rollout.episode, context=context,
-                              corpus=corpus, model=model)
-            with fleet(engine, rollout.fleet, spec, name=f"turnstile-eval-{uuid.uuid4().hex[:8]}",
-                       events=out / "fleet.jsonl") as running:
-                dispatcher = Dispatcher(running.pool, rollout.fleet.max_episode_attempts)
-                dispatcher.submit(episodes)
-                with results.open("a", encoding="utf-8") as sink, \
-                        (out / TRAJECTORIES).open("a", encoding="utf-8") as kept:
-                    while dispatcher.busy:
-                        finished = dispatcher.wait(timeout=1.0)
-                        for trajectory in judge(finished, by_uid, tasks_by_uid):
-                            if trajectory.stop_reason not in FAILED:
-                                any_ran_through = True
-                            elif first_failure is None:
-                                first_failure = trajectory
-                            report = final_report(trajectory)
-                            benchmark = by_uid[trajectory.uid]
-                            row = result_row(benchmark, trajectory, report)
-                            reports[(benchmark.name, trajectory.task_id, trajectory.sample)] = report
-                            sink.write(json.dumps(row) + "\n")
-                            if not benchmark.encrypted:  # to look at: turnstile view OUT
-                                write_trajectory(trajectory, kept)
-                            bar.update(1)
-                        sink.flush()
-                        kept.flush()
+                # a benchmark with its own context manager runs it on the same fleet
+                episodes += [(task, uid, s, bench.context) if bench.context else (task, uid, s)
+                             for s in range(cfg.k) if (bench.name, task.id, s) not in done]
+        bar = tqdm(total=len(episodes) + len(done), initial=len(done), desc="samples", unit="ep",
+                   disable=not progress)
+        with results.open("a", encoding="utf-8") as sink, (out / TRAJECTORIES).open("a", encoding="utf-8") as kept:
+            for finished in session.stream(session.dispatcher(episodes)):
+                for trajectory in judge(finished, by_uid, tasks_by_uid):
+                    if trajectory.stop_reason not in FAILED:
+                        any_ran_through = True
+                    elif first_failure is None:
+                        first_failure = trajectory
+                    report = final_report(trajectory)
+                    benchmark = by_uid[trajectory.uid]
+                    row = result_row(benchmark, trajectory, report)
+                    reports[(benchmark.name, trajectory.task_id, trajectory.sample)] = report
+                    sink.write(json.dumps(row) + "\n")
+                    if not benchmark.encrypted:  # to look at: turnstile view OUT
+                        write_trajectory(trajectory, kept)
+                    bar.update(1)
+                sink.flush()
+                kept.flush()
         bar.close()
     if first_failure is not None and not any_ran_through:
         raise EvalError(nothing_ran([first_failure], "sample"))

@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, Self
 
+from envs.tasks import Task
 from envs.tools.base import Fault
 from learner.credit.normalize import all_equal
 from rollout.faults import VERDICT_KEY
-from rollout.summary import is_correct
+from rollout.summary import is_correct, well_formed_share
 from rollout.trajectory import StopReason, Trajectory
 
 if TYPE_CHECKING:
@@ -80,6 +81,31 @@ def paired_difference(before: Sequence[float], after: Sequence[float]) -> tuple[
     spread = (sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5 if len(diffs) > 1 else 0.0
     half = Z95 * spread / math.sqrt(len(diffs))
     return mean, mean - half, mean + half
+
+
+def evaluation_metrics(trajectories: Sequence[Trajectory], tasks: Sequence[Task]) -> dict[str, float]:
+    """What an evaluation of ``tasks`` measured: accuracy with its 95% Wilson interval (over
+    episodes), the share answered, the share of turns well formed, turns, browse ratio, and accuracy by
+    the tasks' hop count where they give one (``eval/accuracy_hops<n>``)."""
+    episodes = max(len(trajectories), 1)
+    correct = sum(is_correct(t) for t in trajectories)
+    low, high = wilson_interval(correct, len(trajectories))
+    share, turns = well_formed_share(trajectories)
+    metrics = {"eval/accuracy": correct / episodes, "eval/accuracy_low": low, "eval/accuracy_high": high,
+               "eval/answer_rate": sum(t.answered for t in trajectories) / episodes,
+               "eval/format_rate": share, "eval/turns": float(turns), "eval/episodes": float(len(trajectories)),
+               "eval/turns_mean": sum(len(t.turns) for t in trajectories) / episodes,
+               "eval/browse_ratio": browse_ratio(trajectories)}
+    hops = {task.id: task.metadata.get("hops") for task in tasks}
+    by_hops: dict[int, list[bool]] = {}
+    for trajectory in trajectories:
+        count = hops.get(trajectory.task_id)
+        if isinstance(count, int):
+            by_hops.setdefault(count, []).append(is_correct(trajectory))
+    for count, results in sorted(by_hops.items()):
+        metrics[f"eval/accuracy_hops{count}"] = sum(results) / len(results)
+        metrics[f"eval/episodes_hops{count}"] = float(len(results))
+    return metrics
 
 
 def browse_ratio(trajectories: Sequence[Trajectory]) -> float:

@@ -16,23 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.fleet.dispatch import WorkerPool
-from cluster.fleet.elastic import ElasticFleet
-from cluster.jobs.console import Tally, TrainConsole
+from cluster.jobs.console import TrainConsole
 from cluster.jobs.defaults import default_eval_data, default_rollout
 from cluster.jobs.metrics import (
     MetricsConfig,
     MetricsSink,
-    browse_ratio,
-    is_correct,
     step_metrics,
-    wilson_interval,
-)
-from cluster.jobs.rollout import (
-    RolloutJob,
-    collect,
 )
 from cluster.jobs.score import find_tasks
+from cluster.jobs.session import FleetSession, RolloutJob
 from envs.datasets.registry import DatasetConfig
 from envs.files import atomic_write
 from envs.plugins import PluginSpec
@@ -41,12 +33,10 @@ from learner.credit import estimator_class, estimator_from_options
 from learner.credit.assign import assign_credit
 from learner.credit.registry import Estimator
 from learner.publish import WeightsArchive, replace_model
-from learner.sft import well_formed_share
 from learner.trainer import Learner, LearnerConfig
 from rewards.apply import score_groups
 from rewards.base import resolve_reward, reward_options
 from rewards.service import RewardServiceConfig
-from rollout.engines.registry import weight_sync
 from rollout.faults import VERDICT_KEY
 from rollout.model_store import RUN_MODEL
 from rollout.store import StoreConfig, check_durability
@@ -195,12 +185,11 @@ def step_tasks(tasks: list[Task], step: int, per_step: int, shuffle: bool, seed:
 class Run:
     """What one training run holds, and the bookkeeping both loops share."""
 
-    def __init__(self, job: TrainJob, out: Path, learner: Learner, fleet: ElasticFleet,
-                 tasks: list[Task], eval_tasks: list[Task],
+    def __init__(self, job: TrainJob, out: Path, learner: Learner, session: FleetSession,
                  estimator: Estimator, sink: MetricsSink, console: TrainConsole, name: str = "turnstile",
                  store_config: StoreConfig | None = None) -> None:
-        self.job, self.out, self.learner, self.fleet = job, out, learner, fleet
-        self.pool, self.tasks, self.eval_tasks = fleet.pool, tasks, eval_tasks  # the workers: cluster.fleet.dispatch
+        self.job, self.out, self.learner, self.session = job, out, learner, session
+        self.tasks, self.eval_tasks = session.tasks  # the training data's, the held-out data's
         self.estimator, self.sink, self.console = estimator, sink, console
         self.state = RunState()
         self.rerun = 0
@@ -230,9 +219,9 @@ class Run:
             batch = step_tasks(self.tasks, state.step, job.tasks_per_step, job.shuffle, job.learner.seed)
             episodes = [(task, f"s{state.step}-{task.id}", sample)
                         for task in batch for sample in range(job.rollout.group_size)]
-            trajectories, failed, rerun = collect(self.pool, episodes, job.rollout.fleet,
-                                                  self.out / "rollouts" / f"step{state.step}.jsonl",
-                                                  self.console.stage("rollout", total=len(episodes)))
+            trajectories, failed, rerun = self.session.generate(episodes,
+                                                                self.out / "rollouts" / f"step{state.step}.jsonl",
+                                                                self.console.stage("rollout", total=len(episodes)))
             self.rerun += rerun
             self.failed += failed
             rolled = time.monotonic()
@@ -284,7 +273,7 @@ class Run:
                         "rollout/empty": float(left_out["empty"]),
                         "rollout/environment_left_out": float(left_out["environment"]),
                         "rewards/unscored": float(left_out["unscored"]),
-                        "weights/version": float(state.weights_version), **self.fleet.metrics(),
+                        "weights/version": float(state.weights_version), **self.session.fleet.metrics(),
                         **(extra or {})})
         if job.eval_every and (state.step % job.eval_every == 0 or state.step == job.steps):
             metrics.update(self.evaluate(state.step))
@@ -315,12 +304,15 @@ class Run:
         _save_state(self.out, self.state)
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """The held-out tasks on the current weights (see :func:`_evaluate`), printed."""
+        """``eval_samples`` samples per held-out task on the current weights, scored
+        (:meth:`~cluster.jobs.session.FleetSession.evaluate`) and printed."""
         if not self.eval_tasks:
             return {}
         started = time.monotonic()
         tally = self.console.stage("eval", total=len(self.eval_tasks) * self.job.eval_samples)
-        metrics = _evaluate(self.job, self.pool, self.eval_tasks, step, self.out, tally)
+        # the trajectories go to out/eval/step<N>.jsonl (read by learning_line, the viewer, the benchmarks)
+        metrics = self.session.evaluate(self.eval_tasks, self.job.eval_samples,
+                                        self.out / "eval" / f"step{step}.jsonl", tally, label=f"eval{step}")
         metrics["time/eval_s"] = time.monotonic() - started
         print(f"eval @ step {step}: accuracy {metrics['eval/accuracy']:.1%} (95% interval "
               f"{metrics['eval/accuracy_low']:.1%}-{metrics['eval/accuracy_high']:.1%}, "
@@ -330,15 +322,12 @@ class Run:
         return metrics
 
     async def publish(self, version: int) -> None:
-        """The learner's weights to every engine replica, the way the engine asks
-        (``rollout.engines.registry.weight_sync``): through Ray's object store, or a shared
-        checkpoint directory the replicas load (GPU clusters, where learner and engines are on
-        different nodes)."""
+        """The learner's weights to every engine replica (:meth:`FleetSession.publish`), kept first in
+        the run's archive when a reward scores with the policy that generated a trajectory."""
         weights = self.learner.full_weights()
         if self.archive is not None:  # before any trajectory of this version can reach the rewards
             await asyncio.to_thread(self.archive.add, version, weights)
-        mode, directory = weight_sync(self.job.rollout.engine)
-        await self.fleet.publish(weights, version, mode=mode, checkpoint_dir=directory)
+        await self.session.publish(weights, version)
 
     def reward_specs(self) -> list[PluginSpec]:
         """The reward plugins; one that scores with the policy's weights (``scores_with_policy``:
@@ -355,33 +344,6 @@ class Run:
 
     def set_queue_depths(self, depths: dict[str, float]) -> None:
         self.sink.set_queue_depths(depths)
-
-
-def _evaluate(job: TrainJob, pool: WorkerPool, tasks: list[Task], step: int, out: Path,
-              tally: Tally) -> dict[str, float]:
-    """``eval_samples`` samples per held-out task on the current weights (the rollout's sampling
-    settings): accuracy with its 95% Wilson interval (over episodes), format rate, turns and browse
-    ratio; the trajectories go to ``out/eval/step<N>.jsonl``."""
-    episodes = [(task, f"eval{step}-{task.id}", sample) for task in tasks for sample in range(job.eval_samples)]
-    trajectories, _, _ = collect(pool, episodes, job.rollout.fleet, out / "eval" / f"step{step}.jsonl",
-                                 tally)
-    correct = sum(is_correct(t) for t in trajectories)
-    low, high = wilson_interval(correct, len(trajectories))
-    share, _ = well_formed_share(trajectories)
-    metrics = {"eval/accuracy": correct / max(len(trajectories), 1), "eval/accuracy_low": low,
-               "eval/accuracy_high": high, "eval/format_rate": share, "eval/episodes": float(len(trajectories)),
-               "eval/turns_mean": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
-               "eval/browse_ratio": browse_ratio(trajectories)}
-    hops = {task.id: task.metadata.get("hops") for task in tasks}
-    by_hops: dict[int, list[bool]] = {}
-    for trajectory in trajectories:
-        count = hops.get(trajectory.task_id)
-        if isinstance(count, int):
-            by_hops.setdefault(count, []).append(is_correct(trajectory))
-    for count, results in sorted(by_hops.items()):  # tasks that say how many hops they need
-        metrics[f"eval/accuracy_hops{count}"] = sum(results) / len(results)
-        metrics[f"eval/episodes_hops{count}"] = float(len(results))
-    return metrics
 
 
 async def _score(job: TrainJob, specs: list[PluginSpec], trajectories: list[Trajectory]) -> None:

@@ -7,6 +7,11 @@ Hugging Face model directory (``out/model``) that any engine loads, plus the lea
 (``out/checkpoint``) that ``resume=true`` continues from: at the end, and every ``checkpoint_every``
 steps (a long run killed loses at most that many). A resumed run takes the batches the run would
 have taken next: the sample order is a function of ``learner.seed`` and the step.
+
+Every evaluation runs on one fleet session (:mod:`cluster.jobs.session`), started with the base model
+beside the learner: before training it measures the base model, later the learner's weights, which
+are published to it first (its engines never reload ``out/model``). The cluster needs room for both
+(the learner's ranks and the fleet's engine and worker), which is checked before either starts.
 """
 
 from __future__ import annotations
@@ -14,21 +19,21 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
 from cluster.jobs.defaults import sft_eval_rollout
-from cluster.jobs.rollout import RayConfig, RolloutJob, init_ray, run_rollout
+from cluster.jobs.session import RayConfig, RolloutJob, fleet_session, init_ray, learner_demand
 from learner.batch import Sample
 from learner.publish import replace_model
-from learner.sft import load_sft_samples, well_formed_share
+from learner.sft import load_sft_samples
 from learner.trainer import Learner, LearnerConfig
 from rollout.chat import ChatFormat
 from rollout.model_store import RUN_MODEL, resolve_model
-from rollout.trajectory import load_trajectories
 
 
 @dataclass
@@ -93,54 +98,73 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
     print(f"sft: {len(samples)} samples from {job.data.path} ({sum(s.num_tokens for s in samples):,} "
           f"tokens before truncation to {job.learner.max_length}), {job.steps} steps of "
           f"{job.learner.mini_batch}, model {base}")
+    learner = Learner(replace(job.learner, model=base))
+    rollout = job.eval.rollout
     evaluations: list[Evaluation] = []
-    if job.eval.before and not job.resume:
-        evaluations.append(evaluate(job, base, out, step=0))
-        print(evaluations[-1].render())
-    learner = Learner(replace(job.learner, model=base)).start()
-
-    def write_model() -> Path:
-        """The policy now, as ``out/model`` (any engine loads it)."""
-        return replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
-
     try:
-        if job.resume and (out / "checkpoint" / "learner.json").is_file():
-            learner.load(out / "checkpoint")
-            print(f"resumed at step {learner.step}")
-        batches = sample_batches(samples, job.learner.mini_batch, job.learner.seed)
-        for _ in range(learner.step):  # the batches the checkpointed steps took
-            next(batches)
-        bar = tqdm(total=job.steps, initial=learner.step, disable=not progress, desc="sft", unit="step")
-        losses: list[float] = []
-        started = time.monotonic()
-        while learner.step < job.steps:
-            report = learner.train_sft(next(batches))
-            losses.append(report.metrics.get("loss", float("nan")))
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-            if learner.step % job.log_every == 0:
-                recent = losses[-job.log_every:]
-                bar.write(f"step {learner.step}: loss {sum(recent) / len(recent):.4f}, grad norm "
-                          f"{report.metrics.get('grad_norm', float('nan')):.3f}, "
-                          f"{report.tokens} tokens, {time.monotonic() - started:.0f} s")
-            saved = None  # out/model of this step, written once whether a checkpoint or an eval wants it
-            if job.checkpoint_every and learner.step % job.checkpoint_every == 0 and learner.step < job.steps:
-                learner.save(out / "checkpoint")
-                saved = write_model()
-                bar.write(f"step {learner.step}: checkpoint and {out / RUN_MODEL} written")
-            if job.eval.every and learner.step % job.eval.every == 0 and learner.step < job.steps:
-                evaluations.append(evaluate(job, str(saved or write_model()), out, step=learner.step))
-                bar.write(evaluations[-1].render())
-        bar.close()
-        learner.save(out / "checkpoint")
-        model = write_model()
+        # One fleet for every evaluation, on the base model first; each later one is on the
+        # learner's weights, published to it (the learner starts beside the fleet).
+        with fleet_session(rollout, [rollout.data], name=f"turnstile-sft-{uuid.uuid4().hex[:8]}", model=base,
+                           events=out / "fleet.jsonl", beside=[learner_demand(learner)],
+                           alongside=learner.start) as session:
+
+            def evaluate(step: int) -> None:
+                if step:
+                    session.publish_now(learner.full_weights(), step)
+                metrics = session.evaluate(session.tasks[0], rollout.group_size, out / f"eval-step{step}.jsonl",
+                                           label=f"eval{step}")
+                evaluations.append(Evaluation(step=step, well_formed=metrics["eval/format_rate"],
+                                              turns=int(metrics["eval/turns"]), answer_rate=metrics["eval/answer_rate"],
+                                              accuracy=metrics["eval/accuracy"]))
+                tqdm.write(evaluations[-1].render())
+
+            if job.eval.before and not job.resume:
+                evaluate(0)
+            if session.beside is not None:
+                session.beside.result()
+            model = train(job, learner, samples, out, evaluate, progress)
+            evaluate(job.steps)
     finally:
         learner.close()
-    evaluations.append(evaluate(job, str(model), out, step=job.steps))
-    print(evaluations[-1].render())
     (out / "evaluations.json").write_text(json.dumps([vars(e) for e in evaluations], indent=1))
     print(f"model: {model}  (load it with engine.model={model})")
     return evaluations
+
+
+def train(job: SftJob, learner: Learner, samples: list[Sample], out: Path, evaluate: Callable[[int], None],
+          progress: bool) -> Path:
+    """The training steps from where the learner is (its checkpoint, when resumed), with a checkpoint
+    every ``checkpoint_every`` steps and an evaluation every ``eval.every``; the final checkpoint and
+    ``out/model``, whose path it returns."""
+    base = learner.config.model
+    if job.resume and (out / "checkpoint" / "learner.json").is_file():
+        learner.load(out / "checkpoint")
+        print(f"resumed at step {learner.step}")
+    batches = sample_batches(samples, job.learner.mini_batch, job.learner.seed)
+    for _ in range(learner.step):  # the batches the checkpointed steps took
+        next(batches)
+    bar = tqdm(total=job.steps, initial=learner.step, disable=not progress, desc="sft", unit="step")
+    losses: list[float] = []
+    started = time.monotonic()
+    while learner.step < job.steps:
+        report = learner.train_sft(next(batches))
+        losses.append(report.metrics.get("loss", float("nan")))
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if learner.step % job.log_every == 0:
+            recent = losses[-job.log_every:]
+            bar.write(f"step {learner.step}: loss {sum(recent) / len(recent):.4f}, grad norm "
+                      f"{report.metrics.get('grad_norm', float('nan')):.3f}, "
+                      f"{report.tokens} tokens, {time.monotonic() - started:.0f} s")
+        if job.checkpoint_every and learner.step % job.checkpoint_every == 0 and learner.step < job.steps:
+            learner.save(out / "checkpoint")
+            replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
+            bar.write(f"step {learner.step}: checkpoint and {out / RUN_MODEL} written")
+        if job.eval.every and learner.step % job.eval.every == 0 and learner.step < job.steps:
+            evaluate(learner.step)
+    bar.close()
+    learner.save(out / "checkpoint")
+    return replace_model(learner.full_weights(), base, out / RUN_MODEL, about=made(job, out, learner.step))
 
 
 def sample_batches(samples: list[Sample], size: int, seed: int) -> Iterator[list[Sample]]:
@@ -161,13 +185,3 @@ def made(job: SftJob, out: Path, step: int) -> dict[str, object]:
     return {"name": f"{out.name}@step{step}", "step": step,
             "what": f"{job.learner.model or 'the tiny model'} after {step} steps of SFT on {job.data.path}",
             "made_by": "turnstile sft"}
-
-
-def evaluate(job: SftJob, model: str, out: Path, *, step: int) -> Evaluation:
-    """Rollouts of ``model`` on the held-out tasks; the share of turns it writes well-formed."""
-    rollout = replace(job.eval.rollout, engine=replace(job.eval.rollout.engine, model=model))
-    path = out / f"eval-step{step}.jsonl"
-    summary = run_rollout(rollout, path, progress=False)
-    share, turns = well_formed_share(load_trajectories(path))
-    return Evaluation(step=step, well_formed=share, turns=turns, answer_rate=summary.answer_rate,
-                      accuracy=summary.accuracy)

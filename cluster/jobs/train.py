@@ -12,29 +12,18 @@ staleness bound (:mod:`cluster.jobs.train_async`); both modes share :meth:`Run.l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from cluster.fleet.elastic import fleet_demands
 from cluster.fleet.logs import LOGS
-from cluster.fleet.room import Demand, check_room
+from cluster.fleet.room import Demand
 from cluster.jobs.console import TrainConsole
 from cluster.jobs.metrics import (
     MetricsSink,
     is_correct,
     paired_difference,
-)
-from cluster.jobs.rollout import (
-    expert_engine,
-    fleet,
-    init_ray,
-    servable_tasks,
-    serve_corpus,
 )
 from cluster.jobs.run import (
     Run,
@@ -42,6 +31,7 @@ from cluster.jobs.run import (
     TrainJob,
     check,
 )
+from cluster.jobs.session import fleet_session, init_ray, learner_demand
 from cluster.jobs.train_async import async_loop
 from learner.credit import estimator_from_options
 from learner.publish import WeightsArchive
@@ -50,7 +40,6 @@ from rewards.base import resolve_reward
 from rollout.model_store import RUN_MODEL, resolve_model
 from rollout.store import build_store
 from rollout.trajectory import load_trajectories
-from rollout.workers import WorkerSpec
 
 
 def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
@@ -65,33 +54,28 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
 
 def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
     model = resolve_model(job.rollout.engine.model or job.learner.model)
-    job = replace(job, rollout=replace(job.rollout, engine=expert_engine(job.rollout.engine, job.rollout.data)))
     estimator = estimator_from_options(job.estimator.kind, job.estimator.options)
-    with serve_corpus(job.rollout.corpus) as corpus:
-        tasks, eval_tasks = servable_tasks([job.rollout.data, job.eval_data], corpus, job.rollout.engine)
-        name = job.name or f"turnstile-{uuid.uuid4().hex[:8]}"
-        # Each start of the driver gets its own namespace in the store: a resumed run regenerates
-        # what came after its last checkpoint, and must not meet the dead driver's half-done items.
-        store_config = replace(job.store, namespace=f"{job.store.namespace}.{name}.{uuid.uuid4().hex[:6]}")
-        # Built here, in the driver: a memory store's actor must outlive the workers it serves.
-        spec = WorkerSpec(tools=job.rollout.tools, episode=job.rollout.episode, context=job.rollout.context,
-                          corpus=corpus, model=model, store=build_store(store_config),
-                          checkpoint_every=job.rollout.fleet.checkpoint_every)
-        console.stage("starting the fleet and the learner")
-        learner = Learner(replace(job.learner, model=model))
-        check_room([*fleet_demands(job.rollout.fleet), *beside_the_fleet(job, learner)])
-        with starting(learner) as learner_started, \
-                fleet(job.rollout.engine, job.rollout.fleet, spec, name, events=out / "fleet.jsonl") as rollout_fleet:
-            console.fleet = rollout_fleet.view
+    name = job.name or f"turnstile-{uuid.uuid4().hex[:8]}"
+    # Each start of the driver gets its own namespace in the store: a resumed run regenerates
+    # what came after its last checkpoint, and must not meet the dead driver's half-done items.
+    store_config = replace(job.store, namespace=f"{job.store.namespace}.{name}.{uuid.uuid4().hex[:6]}")
+    console.stage("starting the fleet and the learner")
+    learner = Learner(replace(job.learner, model=model))
+    try:
+        # The store is built here, in the driver: a memory store's actor must outlive the workers it serves.
+        with fleet_session(job.rollout, [job.rollout.data, job.eval_data], name=name, events=out / "fleet.jsonl",
+                           model=model, store=build_store(store_config), beside=beside_the_fleet(job, learner),
+                           alongside=learner.start) as session:
+            console.fleet = session.fleet.view
             sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
                                        or str(out / "tensorboard")), run_name=out.name, show=console.step)
-            run = Run(job, out, learner, rollout_fleet, tasks, eval_tasks,
-                      estimator, sink, console, name=name, store_config=store_config)
+            run = Run(job, out, learner, session, estimator, sink, console, name=name, store_config=store_config)
             if any(resolve_reward(entry.kind).scores_with_policy for entry in job.rewards):
                 run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
             try:
                 console.stage("starting the learner")
-                learner_started.result()
+                if session.beside is not None:
+                    session.beside.result()
                 run.resume_if_asked()
                 run.evaluate_before()
                 if job.mode == "sync":
@@ -101,39 +85,19 @@ def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
             finally:
                 console.fleet = None  # the view outlives the fleet
                 sink.close()
+    finally:
+        learner.close()
     return run.state
 
 
 def beside_the_fleet(job: TrainJob, learner: Learner) -> list[Demand]:
-    """What a training run asks Ray for besides its fleet: the learner's ranks (twice with a KL
-    reference; on GPUs a GPU and a CPU each) and, in async mode, the reward workers."""
-    config = learner.config
-    ranks = config.processes * (2 if config.kl_coef > 0 else 1)
-    each = (1.0, 1.0) if learner.uses_gpu() else (float(config.num_cpus_per_worker), 0.0)
-    demands = [Demand("learner.dp" if config.sequence_parallel == 1 else "learner.dp x sequence_parallel",
-                      ranks, *each)]
+    """What a training run asks Ray for besides its fleet: the learner's ranks and, in async mode, the
+    reward workers."""
+    demands = [learner_demand(learner)]
     if job.mode == "async":
         service = job.reward_service
         demands.append(Demand("reward_service.workers", service.workers, service.worker_cpus, service.worker_gpus))
     return demands
-
-
-@contextlib.contextmanager
-def starting(learner: Learner) -> Iterator[Future[Learner]]:
-    """Start ``learner`` in a thread while the caller starts the fleet, and close it on the way out.
-
-    Both start-ups mostly wait on new Ray actors importing torch, transformers, vLLM or veRL, so
-    side by side they take the longer of the two, not the sum. The caller waits on the future
-    before its first update; a start that failed raises there.
-    """
-    with ThreadPoolExecutor(1, thread_name_prefix="learner-start") as pool:
-        started = pool.submit(learner.start)
-        try:
-            yield started
-        finally:
-            with contextlib.suppress(Exception):  # a failed start was raised to the caller already
-                started.result()
-            learner.close()
 
 
 def where_outputs_are(out: Path) -> str:

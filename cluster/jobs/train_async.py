@@ -29,7 +29,7 @@ import logging
 import time
 from dataclasses import replace
 
-from cluster.fleet.dispatch import Dispatcher, NoWorkersLeft
+from cluster.fleet.dispatch import NoWorkersLeft
 from cluster.jobs.run import Run
 from rewards.service import RewardService
 from rollout.store import FINISHED, build_store
@@ -48,7 +48,7 @@ async def async_loop(run: Run) -> None:
     job, state = run.job, run.state
     group_size = job.rollout.group_size
     batch = job.tasks_per_step * group_size
-    episodes = Dispatcher(run.pool, job.rollout.fleet.max_episode_attempts)
+    episodes = run.session.dispatcher()
     rerun, failed = run.rerun, run.failed
     ready: list[list[Trajectory]] = []
     learning: asyncio.Future[None] | None = None
@@ -67,7 +67,7 @@ async def async_loop(run: Run) -> None:
                 uid = f"a{state.cursor}-{task.id}"
                 state.cursor += 1
                 episodes.submit((task, uid, sample) for sample in range(group_size))
-            if not run.pool.alive():
+            if not run.session.fleet.pool.alive():
                 raise NoWorkersLeft("every rollout worker is gone (each died more often than "
                                     "fleet.worker_restarts allows); see the workers' logs")
             for trajectory in episodes.wait(timeout=0):

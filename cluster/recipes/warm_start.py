@@ -63,7 +63,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cluster.jobs.defaults import DEFAULT_TASKS, MULTIHOP_TASKS, MULTIHOP_TURNS, WARM_CORPUS_PORT, default_episode
-from cluster.jobs.rollout import RolloutJob, run_rollout
+from cluster.jobs.rollout import run_rollout
+from cluster.jobs.session import RolloutJob
 from envs.datasets.registry import DatasetConfig, load_tasks
 from envs.files import atomic_directory, atomic_path
 from envs.synthetic.expert import ExpertConfig

@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from cluster.cli.config import dump_config, load_config
     from cluster.fleet.dispatch import NoWorkersLeft
     from cluster.jobs.eval import EvalJob, render, run_eval
-    from cluster.jobs.rollout import init_ray
+    from cluster.jobs.session import init_ray
     from envs.corpus_server import CorpusServerError
     from rollout.errors import describe_error
     from rollout.fleet import EngineStartError

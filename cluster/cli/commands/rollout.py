@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
     from cluster.cli.config import ConfigError, dump_config, load_config
     from cluster.fleet.dispatch import NoWorkersLeft
-    from cluster.jobs.rollout import RolloutJob, init_ray, rollout_logs, run_rollout
+    from cluster.jobs.rollout import rollout_logs, run_rollout
+    from cluster.jobs.session import RolloutJob, init_ray
     from envs.corpus_server import CorpusServerError
     from rollout.errors import describe_error
     from rollout.fleet import EngineStartError

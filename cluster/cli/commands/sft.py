@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from ray.exceptions import RayError
 
     from cluster.cli.config import ConfigError, dump_config, load_config
-    from cluster.jobs.rollout import init_ray
+    from cluster.jobs.session import init_ray
     from cluster.jobs.sft import SftJob, run_sft
     from cluster.jobs.train import resume_hint
     from learner.sft import SftDataError

@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> int:
 
     from cluster.cli.config import dump_config, load_config
     from cluster.fleet.dispatch import NoWorkersLeft
-    from cluster.jobs.rollout import init_ray
     from cluster.jobs.run import TrainJob, check
+    from cluster.jobs.session import init_ray
     from cluster.jobs.train import learning_line, resume_hint, run_train, where_outputs_are
     from envs.corpus_server import CorpusServerError
     from learner.publish import PublishError
