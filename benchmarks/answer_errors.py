@@ -17,8 +17,8 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from rollout.summary import is_correct
-from rollout.trajectory import Trajectory, load_trajectories
+from turnstile.rollout.summary import is_correct
+from turnstile.rollout.trajectory import Trajectory, load_trajectories
 
 KINDS = ("correct", "a name on no page", "a name shown", "no answer")
 

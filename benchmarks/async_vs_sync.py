@@ -20,10 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster.cli.config import load_config
-from cluster.jobs.run import TrainJob
-from cluster.jobs.train import run_train
-from rollout.trajectory import load_trajectories
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.run import TrainJob
+from turnstile.cluster.jobs.train import run_train
+from turnstile.rollout.trajectory import load_trajectories
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
 

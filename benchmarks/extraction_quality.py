@@ -30,7 +30,7 @@ import trafilatura
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from envs.visit.extract import ExtractConfig, extract_text  # noqa: E402
+from turnstile.envs.visit.extract import ExtractConfig, extract_text  # noqa: E402
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

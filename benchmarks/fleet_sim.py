@@ -2,13 +2,14 @@
 
     .venv/bin/python benchmarks/fleet_sim.py [--quick] [--doc docs/benchmarks/fleet.md] [--seed 0]
 
-**Real** (the code a run uses, called as it is): the dispatch pool (:class:`cluster.fleet.dispatch.WorkerPool`:
-least-loaded worker with room, draining workers take nothing new), the router's placement
-(:meth:`rollout.fleet.EngineRouter.choose`: an episode sticks to its replica, a new one goes to the
-least loaded), the scale policy and its delays (:class:`cluster.fleet.autoscale.Sizer` over
-``target_load``), the async admission bound (:func:`cluster.jobs.train_async.admits`) and the staleness
-rule (:func:`cluster.jobs.run.too_stale`), and the engine's latency model
-(:meth:`rollout.engines.sim.SimOptions.seconds`: a replica has ``concurrency`` slots, a request
+**Real** (the code a run uses, called as it is): the dispatch pool
+(:class:`~turnstile.cluster.fleet.dispatch.WorkerPool`: least-loaded worker with room, draining workers take
+nothing new), the router's placement (:meth:`turnstile.rollout.fleet.EngineRouter.choose`: an episode sticks
+to its replica, a new one goes to the least loaded),
+the scale policy and its delays (:class:`turnstile.cluster.fleet.autoscale.Sizer` over
+``target_load``), the async admission bound (:func:`turnstile.cluster.jobs.train_async.admits`) and the staleness
+rule (:func:`turnstile.cluster.jobs.run.too_stale`), and the engine's latency model
+(:meth:`turnstile.rollout.engines.sim.SimOptions.seconds`: a replica has ``concurrency`` slots, a request
 holds one for prefill of the tokens not in its prefix cache plus decode of what it generates).
 
 **Simulated**: time; the episodes (turns per episode long-tailed, lognormal with median
@@ -16,7 +17,7 @@ holds one for prefill of the tokens not in its prefix cache plus decode of what 
 trajectories of the shared data, characters / 4; tool latency lognormal); the learner (a set time
 per update, then a publish); a replica's start (``start_s``, then loading the published weights);
 the store (a dict that checks each sample arrives once); how the fleet carries out a size change
-(the same rules as :class:`cluster.fleet.elastic.ElasticFleet`: a starting replica leaves first, else the
+(the same rules as :class:`turnstile.cluster.fleet.elastic.ElasticFleet`: a starting replica leaves first, else the
 least loaded drains; a draining replica leaves the routers at once, finishes its requests and is
 released at the next look; its episodes' next turns go to other replicas, prefilling their whole
 context there). No Ray, no model.
@@ -55,12 +56,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cluster.fleet.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
-from cluster.fleet.dispatch import WorkerPool
-from cluster.jobs.run import too_stale
-from cluster.jobs.train_async import admits
-from rollout.engines.sim import SimOptions
-from rollout.fleet import EngineRouter
+from turnstile.cluster.fleet.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
+from turnstile.cluster.fleet.dispatch import WorkerPool
+from turnstile.cluster.jobs.run import too_stale
+from turnstile.cluster.jobs.train_async import admits
+from turnstile.rollout.engines.sim import SimOptions
+from turnstile.rollout.fleet import EngineRouter
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("TURNSTILE_DATA", ROOT.parent / "shared" / "data"))

@@ -28,9 +28,9 @@ from collections import defaultdict
 import torch
 from transformers import AutoModelForCausalLM
 
-from learner.batch import samples_from_trajectories
-from rollout.model_store import resolve_model
-from rollout.trajectory import Trajectory, load_trajectories
+from turnstile.learner.batch import samples_from_trajectories
+from turnstile.rollout.model_store import resolve_model
+from turnstile.rollout.trajectory import Trajectory, load_trajectories
 
 
 def batches(trajectories: list[Trajectory], size: int) -> list[list[Trajectory]]:

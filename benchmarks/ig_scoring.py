@@ -5,9 +5,9 @@ aggregation question (100+ members, about two tool calls each) through the episo
 real search tool over the world's pages and a visit tool that returns each page's text from
 memory (what the real visit tool extracts, without an HTTP server); ``max_turns`` cuts the episode
 at 50, 100 or 200 turns with the forced final answer. Then it scores ``v_s`` at every turn of each
-trajectory on the default tiny model with :class:`~rewards.information_gain.scorers.HFInformationGainScorer`,
-with :class:`~rewards.information_gain.scorers.PerPrefixScorer` (a full forward per boundary) and,
-with ``--vllm``, through vLLM (:class:`~rewards.information_gain.values.EngineGoldScorer`: prefix-cache
+trajectory on the default tiny model with :class:`~turnstile.rewards.information_gain.scorers.HFInformationGainScorer`,
+with :class:`~turnstile.rewards.information_gain.scorers.PerPrefixScorer` (a full forward per boundary) and,
+with ``--vllm``, through vLLM (:class:`~turnstile.rewards.information_gain.values.EngineGoldScorer`: prefix-cache
 reads, the longest boundary first) in the same run, on the same trajectories.
 
 The naive scorer needs ``Σ_s prefix_s`` token forwards (about an hour on 2 CPU cores at 200
@@ -38,23 +38,23 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from envs.env import EnvConfig
-from envs.search.base import Document
-from envs.search.tool import SearchConfig, SearchTool
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import WorldConfig, generate_world
-from envs.tasks import Task
-from envs.tools.base import JsonObject, ToolError
-from envs.tools.toolbox import Toolbox
-from rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
-from rewards.information_gain.values import EngineGoldScorer, SegmentBoundaries, segment_boundaries
-from rollout.chat import ChatFormat
-from rollout.context import ContextConfig, build_context_manager
-from rollout.engines.scripted import ScriptedEngine
-from rollout.episode import EpisodeConfig, run_episode
-from rollout.model_store import ensure_default_model
-from rollout.trajectory import Trajectory
+from turnstile.envs.env import EnvConfig
+from turnstile.envs.search.base import Document
+from turnstile.envs.search.tool import SearchConfig, SearchTool
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import JsonObject, ToolError
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
+from turnstile.rewards.information_gain.values import EngineGoldScorer, SegmentBoundaries, segment_boundaries
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.context import ContextConfig, build_context_manager
+from turnstile.rollout.engines.scripted import ScriptedEngine
+from turnstile.rollout.episode import EpisodeConfig, run_episode
+from turnstile.rollout.model_store import ensure_default_model
+from turnstile.rollout.trajectory import Trajectory
 
 BASE = "http://corpus.test"
 # Hubs this large give aggregation questions of 200+ turns (the default questions stop at 90).
@@ -195,7 +195,7 @@ async def vllm_parts(engine: object, segment: SegmentBoundaries) -> dict[str, fl
     alone (its request computes prompt log-probs over the whole context), the other boundaries
     after it (each its own request, reading the cached context), and for comparison a plain
     prefill of the same context (one generated token, no prompt log-probs)."""
-    from rollout.engines.base import SamplingParams
+    from turnstile.rollout.engines.base import SamplingParams
 
     longest = max(range(len(segment.prefix_lens)), key=lambda b: segment.prefix_lens[b])
     others = [b for b in range(len(segment.prefix_lens)) if b != longest]
@@ -224,8 +224,8 @@ def warm_up(model: PreTrainedModel, chat: ChatFormat, trajectory: Trajectory) ->
 
 def vllm_engine(path: object, context: int, loop: asyncio.AbstractEventLoop) -> object:
     """A vLLM engine on the same model, in this process, with room for the longest sequence."""
-    from rollout.engines.config import EngineConfig, VllmEngineConfig
-    from rollout.engines.vllm import VllmEngine
+    from turnstile.rollout.engines.config import EngineConfig, VllmEngineConfig
+    from turnstile.rollout.engines.vllm import VllmEngine
 
     engine = VllmEngine.from_config(EngineConfig(
         kind="vllm", model=str(path), dtype="float32", seed=0, max_model_len=context + 256,

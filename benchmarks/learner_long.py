@@ -4,7 +4,7 @@ learner/head.py) and, where it fits, without it (``head_chunk=0``, veRL's whole-
 
 The trajectories are real episodes of the synthetic world: the scripted expert on its largest
 aggregation question (``benchmarks/ig_scoring.py``), cut at each number of turns; a mono context
-makes each one sample. Each update runs through :class:`learner.trainer.Learner` as ``turnstile
+makes each one sample. Each update runs through :class:`turnstile.learner.trainer.Learner` as ``turnstile
 train`` and ``turnstile sft`` call it (``train_rl`` / ``train_sft``, the veRL workers, one rank),
 with ``max_length`` above the longest sample. The RL advantages are made up (±1 per turn: the
 cost does not depend on them).
@@ -32,8 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from learner.batch import Sample, samples_from_trajectories
-from learner.trainer import Learner, LearnerConfig
+from turnstile.learner.batch import Sample, samples_from_trajectories
+from turnstile.learner.trainer import Learner, LearnerConfig
 
 UPDATES = ("sft", "grpo", "gspo")
 MAX_LENGTH = 1 << 17
@@ -41,7 +41,7 @@ MAX_LENGTH = 1 << 17
 
 def long_samples(turns: list[int], model: str) -> dict[int, Sample]:
     """One sample per turn count: the expert's episode cut there, with ±1 advantages."""
-    from rollout.chat import ChatFormat
+    from turnstile.rollout.chat import ChatFormat
 
     from ig_scoring import make_trajectories  # benchmarks/, on the path of a script run from there
 
@@ -133,8 +133,8 @@ def main() -> None:
 
     import ray
 
-    from cluster.jobs.session import RayConfig, init_ray
-    from rollout.model_store import resolve_model
+    from turnstile.cluster.jobs.session import RayConfig, init_ray
+    from turnstile.rollout.model_store import resolve_model
 
     model = resolve_model(args.model)
     turns = sorted(int(t) for t in args.turns.split(","))

@@ -35,9 +35,9 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cluster.cli.config import load_config
-from cluster.jobs.run import TrainJob
-from learner.trainer import LearnerConfig
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.run import TrainJob
+from turnstile.learner.trainer import LearnerConfig
 
 GB = 1e9
 OVERHEAD = 4 * GB

@@ -7,7 +7,7 @@ one sequence per forward (no padding, the causal attention kernel), loss on the 
 one optimiser step — the arithmetic an update cannot avoid — projecting onto the vocabulary either
 every position (what a Hugging Face forward does) or only the positions whose next token the policy
 generated (what the learner's chunked head does, learner/head.py). The veRL figures are
-:meth:`learner.trainer.Learner.train_rl` with the default's settings (one mini-batch of every
+:meth:`turnstile.learner.trainer.Learner.train_rl` with the default's settings (one mini-batch of every
 sample) at the given micro-batch sizes and ``head_chunk`` values (0: veRL's whole-logits path); each
 is set against the plain figure that does the same work. All on the same threads of this machine,
 one after the other, ``--repeats`` times.
@@ -28,16 +28,16 @@ from pathlib import Path
 import ray
 import torch
 
-from cluster.jobs.session import RayConfig, init_ray
-from cluster.recipes.warm_start import WarmStartRecipe, expert_trajectories
-from learner.batch import Sample, samples_from_trajectories
-from learner.trainer import Learner, LearnerConfig
-from rollout.model_store import resolve_model
+from turnstile.cluster.jobs.session import RayConfig, init_ray
+from turnstile.cluster.recipes.warm_start import WarmStartRecipe, expert_trajectories
+from turnstile.learner.batch import Sample, samples_from_trajectories
+from turnstile.learner.trainer import Learner, LearnerConfig
+from turnstile.rollout.model_store import resolve_model
 
 
 def batch(path: str, count: int) -> list[Sample]:
     if path:
-        from rollout.trajectory import load_trajectories
+        from turnstile.rollout.trajectory import load_trajectories
 
         trajectories = load_trajectories(path)
     else:

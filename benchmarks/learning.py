@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.jobs.defaults import MULTIHOP_TASKS
-from rollout.model_store import BUILD_INFO, ITER_MODEL, MULTIHOP_MODEL
-from rollout.trajectory import load_trajectories
+from turnstile.cluster.jobs.defaults import MULTIHOP_TASKS
+from turnstile.rollout.model_store import BUILD_INFO, ITER_MODEL, MULTIHOP_MODEL
+from turnstile.rollout.trajectory import load_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train.yaml"
@@ -186,8 +186,8 @@ def _previous_wall(out: Path) -> float:
 def run_summary(out: Path) -> dict[str, object]:
     """What one finished run measured: accuracy per evaluation, browse ratio of correct and wrong
     final-evaluation trajectories, turns per episode, wall time."""
-    from cluster.jobs.metrics import browse_ratio
-    from rollout.summary import is_correct
+    from turnstile.cluster.jobs.metrics import browse_ratio
+    from turnstile.rollout.summary import is_correct
 
     data = json.loads((out / "run.json").read_text())
     evals = {int(row["step"]): row["eval/accuracy"] for row in data["history"] if "eval/accuracy" in row}

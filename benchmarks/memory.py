@@ -4,7 +4,7 @@ Four measurements, in one run, each read as a process' resident set size (``VmRS
 ``VmHWM`` of ``/proc/self/status``, after ``gc.collect()``; Linux only):
 
 1. Rollout worker, per running episode. ``--held`` episodes run through the real episode loop
-   (:func:`~rollout.episode.run_episode`) with an engine that writes a search call instantly and a
+   (:func:`~turnstile.rollout.episode.run_episode`) with an engine that writes a search call instantly and a
    search tool that returns ``--page-chars`` characters of the synthetic world's pages per call; the
    engine holds every episode at the request that starts its last turn (turn ``--turns``: the
    context then holds ``--turns`` − 1 responses and observations) until all of them are there. Per
@@ -14,7 +14,7 @@ Four measurements, in one run, each read as a process' resident set size (``VmRS
    The baseline is read after ``malloc_trim``, so no earlier free memory hides the episodes' own.
 2. Reward worker, per scored episode, in a fresh process (a reward worker is a process of its
    own). The scripted expert's ``--turns``-turn trajectory (as in ``benchmarks/ig_scoring.py``) is scored with
-   :class:`~rewards.information_gain.scorers.HFInformationGainScorer` on the default tiny model
+   :class:`~turnstile.rewards.information_gain.scorers.HFInformationGainScorer` on the default tiny model
    (fp32), after the model is loaded, the trajectory made and the scorer warmed up; the peak RSS is
    reset just before (``/proc/self/clear_refs``) and read after. The increase is set against the KV
    cache of the context the scorer keeps (tokens × layers × 2 × key-value heads × head_dim × 4 bytes).
@@ -67,28 +67,28 @@ import redis.asyncio as aioredis
 import torch
 from transformers import AutoModelForCausalLM
 
-from envs.env import EnvConfig
-from envs.protocol import render_tool_call
-from envs.search.base import Document
-from envs.search.tool import SearchConfig, SearchTool
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import WorldConfig, generate_world
-from envs.tasks import Task
-from envs.tools.base import JsonObject
-from envs.tools.cache import CacheConfig, MemoryCache
-from envs.tools.toolbox import Toolbox, ToolboxConfig
-from rewards.information_gain.scorers import HFInformationGainScorer
-from rewards.information_gain.values import segment_boundaries
-from rollout.chat import ChatFormat
-from rollout.context import ContextConfig, build_context_manager
-from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
-from rollout.engines.scripted import ScriptedEngine
-from rollout.episode import EpisodeConfig, run_episode
-from rollout.model_store import ensure_default_model
-from rollout.store.base import FINISHED, StoreConfig, encode_payload
-from rollout.store.redis import RedisTrajectoryStore
-from rollout.trajectory import Trajectory
+from turnstile.envs.env import EnvConfig
+from turnstile.envs.protocol import render_tool_call
+from turnstile.envs.search.base import Document
+from turnstile.envs.search.tool import SearchConfig, SearchTool
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import JsonObject
+from turnstile.envs.tools.cache import CacheConfig, MemoryCache
+from turnstile.envs.tools.toolbox import Toolbox, ToolboxConfig
+from turnstile.rewards.information_gain.scorers import HFInformationGainScorer
+from turnstile.rewards.information_gain.values import segment_boundaries
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.context import ContextConfig, build_context_manager
+from turnstile.rollout.engines.base import FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.scripted import ScriptedEngine
+from turnstile.rollout.episode import EpisodeConfig, run_episode
+from turnstile.rollout.model_store import ensure_default_model
+from turnstile.rollout.store.base import FINISHED, StoreConfig, encode_payload
+from turnstile.rollout.store.redis import RedisTrajectoryStore
+from turnstile.rollout.trajectory import Trajectory
 
 # A script's own folder is first on sys.path: the benchmark beside this one.
 from ig_scoring import BASE, PageVisit, make_trajectories, warm_up

@@ -21,9 +21,9 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from envs.tasks import Task
-from rewards.base import NoOptions, RewardPlugin
-from rollout.trajectory import Trajectory
+from turnstile.envs.tasks import Task
+from turnstile.rewards.base import NoOptions, RewardPlugin
+from turnstile.rollout.trajectory import Trajectory
 
 TRUE_OUTCOME = "placebo_true_outcome"
 

@@ -25,8 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.search.base import Document
-from envs.search.local import TITLE_BOOST, LocalIndex, engine_names
+from turnstile.envs.search.base import Document
+from turnstile.envs.search.local import TITLE_BOOST, LocalIndex, engine_names
 
 HOTPOTQA = Path("multihop/hotpotqa_dev500.jsonl")
 

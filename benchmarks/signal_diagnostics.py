@@ -43,16 +43,16 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from cluster.jobs.defaults import DEFAULT_TASKS
-from cluster.jobs.score import find_tasks
-from cluster.jobs.session import RayConfig, init_ray
-from cluster.recipes.warm_start import WarmStartRecipe, expert_trajectories
-from envs.datasets.registry import DatasetConfig
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from rewards.apply import score_groups
-from rollout.model_store import WARM_MODEL
-from rollout.trajectory import Trajectory
+from turnstile.cluster.jobs.defaults import DEFAULT_TASKS
+from turnstile.cluster.jobs.score import find_tasks
+from turnstile.cluster.jobs.session import RayConfig, init_ray
+from turnstile.cluster.recipes.warm_start import WarmStartRecipe, expert_trajectories
+from turnstile.envs.datasets.registry import DatasetConfig
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.rewards.apply import score_groups
+from turnstile.rollout.model_store import WARM_MODEL
+from turnstile.rollout.trajectory import Trajectory
 
 
 def mann_whitney(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -132,8 +132,8 @@ def all_wrong_turns(run: Path) -> tuple[dict[str, dict[str, list[float]]], dict[
     length of the wrong answers and of the cut episodes; the number of such groups and of all groups."""
     from omegaconf import OmegaConf
 
-    from rollout.summary import is_correct
-    from rollout.trajectory import load_trajectories
+    from turnstile.rollout.summary import is_correct
+    from turnstile.rollout.trajectory import load_trajectories
 
     config = OmegaConf.to_container(OmegaConf.load(run / "config.yaml"), resolve=True)
     data = DatasetConfig(**config["rollout"]["data"])  # type: ignore[arg-type, index, call-overload]
@@ -192,7 +192,7 @@ def print_all_wrong(runs: list[str]) -> None:
 
 
 def print_by_context(paths: list[str]) -> None:
-    from rollout.trajectory import load_trajectories
+    from turnstile.rollout.trajectory import load_trajectories
 
     by_length: dict[int, list[bool]] = {}
     by_turn: dict[int, list[bool]] = {}
@@ -229,7 +229,7 @@ def main() -> None:
         print_all_wrong(args.all_wrong)
         return
     if args.advantages:
-        from rollout.trajectory import load_trajectories
+        from turnstile.rollout.trajectory import load_trajectories
 
         print("| file | episodes that open a page: n, first-turn advantage | the others: n, advantage | "
               "groups with both | within-group difference |")
@@ -241,7 +241,7 @@ def main() -> None:
         return
     init_ray(RayConfig(num_cpus=4))
     if args.trajectories:
-        from rollout.trajectory import load_trajectories
+        from turnstile.rollout.trajectory import load_trajectories
 
         trajectories = load_trajectories(args.trajectories)
         source = args.trajectories

@@ -46,9 +46,9 @@ from pathlib import Path
 import psutil
 import ray
 
-from cluster.cli.config import load_config
-from cluster.jobs.run import TrainJob
-from cluster.jobs.train import run_train
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.run import TrainJob
+from turnstile.cluster.jobs.train import run_train
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
 MB = 1 << 20

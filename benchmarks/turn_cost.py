@@ -25,17 +25,17 @@ from typing import ClassVar
 
 import torch
 
-from envs.env import EnvConfig
-from envs.protocol import render_tool_call
-from envs.tasks import Task
-from envs.tools.base import JsonObject
-from envs.tools.cache import CacheConfig
-from envs.tools.toolbox import Toolbox, ToolboxConfig
-from rollout.chat import ChatFormat
-from rollout.context import ContextConfig, build_context_manager
-from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
-from rollout.episode import EpisodeConfig, run_episode
-from rollout.model_store import ensure_default_model
+from turnstile.envs.env import EnvConfig
+from turnstile.envs.protocol import render_tool_call
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import JsonObject
+from turnstile.envs.tools.cache import CacheConfig
+from turnstile.envs.tools.toolbox import Toolbox, ToolboxConfig
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.context import ContextConfig, build_context_manager
+from turnstile.rollout.engines.base import FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.episode import EpisodeConfig, run_episode
+from turnstile.rollout.model_store import ensure_default_model
 
 PAGE = ("The Varny Bridge crosses the river at its narrowest point and was completed in 1911 by "
         "the engineer who also designed the harbour of the city. ") * 12

@@ -27,12 +27,12 @@ from pathlib import Path
 import psutil
 from playwright.sync_api import CDPSession, Page, sync_playwright
 
-from cluster.cli.commands.credit import configured_estimator
-from cluster.tools.view import find_sources, write_page
-from envs.protocol import StopReason
-from learner.credit.assign import assign_credit
-from rewards.clues import step_score
-from rollout.trajectory import Segment, Trajectory, Turn, write_trajectory
+from turnstile.cluster.cli.commands.credit import configured_estimator
+from turnstile.cluster.tools.view import find_sources, write_page
+from turnstile.envs.protocol import StopReason
+from turnstile.learner.credit.assign import assign_credit
+from turnstile.rewards.clues import step_score
+from turnstile.rollout.trajectory import Segment, Trajectory, Turn, write_trajectory
 
 CHROMIUM = "/usr/bin/chromium"
 WORDS = ("harbour ledger founder archive survey river charter engine studio quarry mill guild "

@@ -1,6 +1,6 @@
 """A second, small environment: arithmetic questions answered with a calculator tool.
 
-It exists to keep the :class:`~envs.env.Env` contract honest: nothing in it searches or browses,
+It exists to keep the :class:`~turnstile.envs.env.Env` contract honest: nothing in it searches or browses,
 and it runs through ``turnstile rollout`` and ``turnstile train`` with ``episode.env.kind:
 calculator`` and ``data.kind: arithmetic`` (``examples/rollout_calculator.yaml``). The policy
 speaks the same agent protocol (think, one tool call or the answer) with one tool,
@@ -23,14 +23,14 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from envs.datasets.generic import DatasetError
-from envs.datasets.registry import DatasetConfig
-from envs.env import EnvConfig, ProtocolEnv, StepInfo, register_env
-from envs.plugins import typed_options
-from envs.protocol import ParsedTurn
-from envs.tasks import Task
-from envs.tools.base import JsonObject
-from envs.tools.toolbox import Toolbox
+from turnstile.envs.datasets.generic import DatasetError
+from turnstile.envs.datasets.registry import DatasetConfig
+from turnstile.envs.env import EnvConfig, ProtocolEnv, StepInfo, register_env
+from turnstile.envs.plugins import typed_options
+from turnstile.envs.protocol import ParsedTurn
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import JsonObject
+from turnstile.envs.tools.toolbox import Toolbox
 
 MAX_EXPRESSION_CHARS = 200
 MAX_MAGNITUDE = 10**18  # operands and results beyond this are refused

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from envs.retry import backoff_s
-from envs.tools.base import JsonValue
+from turnstile.envs.retry import backoff_s
+from turnstile.envs.tools.base import JsonValue
 
 log = logging.getLogger(__name__)
 

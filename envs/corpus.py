@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.search.base import Document
-from envs.synthetic.world import WorldConfig
+from turnstile.envs.search.base import Document
+from turnstile.envs.synthetic.world import WorldConfig
 
 
 def read_corpus(path: str | Path, url_prefix: str | None = None,
@@ -84,18 +84,18 @@ class CorpusConfig:
 def corpus_documents(corpus: CorpusConfig, base_url: str) -> list[Document]:
     """The corpus' documents with the urls under which ``base_url`` serves them."""
     if corpus.kind == "synthetic":
-        from envs.synthetic.render import world_documents
-        from envs.synthetic.world import generate_world
+        from turnstile.envs.synthetic.render import world_documents
+        from turnstile.envs.synthetic.world import generate_world
 
         return world_documents(generate_world(corpus.world), base_url)
     if corpus.kind == "jsonl":
-        from envs.corpus_server import page_path
+        from turnstile.envs.corpus_server import page_path
 
         return [Document(d.doc_id, d.title, d.text, base_url + page_path(d.doc_id), d.html)
                 for d in read_corpus(corpus.path)]
     if corpus.kind == "hotpotqa":  # the paragraphs of a HotpotQA-style task file, as the tasks cite them
-        from envs.corpus_server import PAGE_PREFIX
-        from envs.datasets.hotpotqa import read_hotpotqa
+        from turnstile.envs.corpus_server import PAGE_PREFIX
+        from turnstile.envs.datasets.hotpotqa import read_hotpotqa
 
         return read_hotpotqa(corpus.path, base_url + PAGE_PREFIX).corpus
     if corpus.kind == "none":

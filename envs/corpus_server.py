@@ -2,7 +2,7 @@
 
 Training and tests must exercise the same path as the open web (fetch, SSRF guard, extraction,
 the browser for JavaScript-only pages) without the internet. :class:`CorpusServer` serves any list
-of :class:`~envs.search.base.Document` — the synthetic world, or a JSONL corpus with
+of :class:`~turnstile.envs.search.base.Document` — the synthetic world, or a JSONL corpus with
 ``id``/``title``/``text`` and optional ``html`` — at ``/wiki/<id>``. A document without HTML is
 rendered from its title and text (escaped). ``/`` lists every page; unknown pages get a 404 page;
 GET and HEAD are supported.
@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from urllib.parse import quote, unquote, urlsplit
 
-from envs.search.base import Document
+from turnstile.envs.search.base import Document
 
 PAGE_PREFIX = "/wiki/"
 

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from envs.plugins import Registry
-from envs.protocol import (
+from turnstile.envs.plugins import Registry
+from turnstile.envs.protocol import (
     FINAL_ANSWER_INSTRUCTION,
     MAX_CALL_CHARS,
     RESEARCH_ROLE,
@@ -46,10 +46,10 @@ from envs.protocol import (
     render_tool_response,
     system_prompt,
 )
-from envs.tasks import Task
-from envs.tools.base import Fault, JsonObject, fault_of
-from envs.tools.cache import cache_key
-from envs.tools.toolbox import Toolbox
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import Fault, JsonObject, fault_of
+from turnstile.envs.tools.cache import cache_key
+from turnstile.envs.tools.toolbox import Toolbox
 
 Message = dict[str, str]
 

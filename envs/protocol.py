@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import json5
 
-from envs.tools.base import JsonObject
+from turnstile.envs.tools.base import JsonObject
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -47,7 +47,7 @@ FINAL_ANSWER_INSTRUCTION = (
 
 
 class StopReason(enum.Enum):
-    """Why an episode ended. The environment ends one with the first three (:class:`envs.env.StepInfo`'s
+    """Why an episode ended. The environment ends one with the first three (:class:`turnstile.envs.env.StepInfo`'s
     ``end``); the episode loop adds the others (engine, budget and wall-clock limits, failures)."""
 
     ANSWERED = "answered"  # a well-formed answer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from envs.tools.base import JsonValue
+from turnstile.envs.tools.base import JsonValue
 
 
 @dataclass(frozen=True)

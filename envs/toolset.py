@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from envs.search.base import Document
-from envs.search.tool import SearchConfig, SearchTool
-from envs.tools.toolbox import Toolbox, ToolboxConfig
-from envs.visit.tool import VisitConfig, VisitTool
+from turnstile.envs.search.base import Document
+from turnstile.envs.search.tool import SearchConfig, SearchTool
+from turnstile.envs.tools.toolbox import Toolbox, ToolboxConfig
+from turnstile.envs.visit.tool import VisitConfig, VisitTool
 
 
 @dataclass

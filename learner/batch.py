@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from learner.credit.estimators import abc_sft_weight
-from rollout.trajectory import Segment, Trajectory, Turn
+from turnstile.learner.credit.estimators import abc_sft_weight
+from turnstile.rollout.trajectory import Segment, Trajectory, Turn
 
 TurnWeight = Callable[[Turn], float]
 

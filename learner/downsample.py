@@ -15,10 +15,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from learner.batch import Sample, check_unique_trajectories
-from learner.credit.assign import assign_credit, token_advantages
-from learner.credit.registry import Estimator
-from rollout.trajectory import Segment, Trajectory
+from turnstile.learner.batch import Sample, check_unique_trajectories
+from turnstile.learner.credit.assign import assign_credit, token_advantages
+from turnstile.learner.credit.registry import Estimator
+from turnstile.rollout.trajectory import Segment, Trajectory
 
 
 def kept_count(n: int, dp: int, mini_batch: int) -> int:

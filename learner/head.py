@@ -17,7 +17,7 @@ and the entropy bonus mask out. Gradients agree with the whole-logits path to fl
 It plugs into the contract veRL keeps for fused kernels: where a micro-batch says
 ``use_fused_kernels``, the engine takes ``log_probs`` and ``entropy`` from the model's output
 instead of logits (padded and packed layouts both). The learner sets that key per batch
-(:mod:`learner.trainer`); a batch without it runs the model's own forward, so both paths live in
+(:mod:`turnstile.learner.trainer`); a batch without it runs the model's own forward, so both paths live in
 one worker (the equality tests use that).
 """
 

@@ -4,7 +4,7 @@ Two ways, chosen by the engines' ``weight_sync`` setting (``engine.vllm.weight_s
 
 - ``inplace`` (default; the CPU path and single-node runs): rank 0 of the learner gathers the full
   parameters, one copy goes into Ray's object store, and every replica loads it in place
-  (:meth:`rollout.fleet.EngineRouter.update_weights`). No restart; running requests are recomputed
+  (:meth:`turnstile.rollout.fleet.EngineRouter.update_weights`). No restart; running requests are recomputed
   on the new weights.
 - ``checkpoint`` (the GPU cluster default in ``examples/``): the weights are written as safetensors
   into a shared directory (``engine.vllm.checkpoint_dir``, a path every engine node can read), then
@@ -18,7 +18,7 @@ Either way the engines report the version they serve (``weights_version()``), an
 rollout generates records the version that produced it. Every replica's update has a time-out
 (``rollout.fleet.publish_timeout_s``): a replica that does not serve the new version in time, or
 whose update raises, is left behind (:class:`Published`), and the fleet replaces it
-(:meth:`cluster.fleet.elastic.ElasticFleet.publish`); a publish no replica completes raises.
+(:meth:`turnstile.cluster.fleet.elastic.ElasticFleet.publish`); a publish no replica completes raises.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-from envs.files import atomic_directory, atomic_path
-from rollout.engines.base import PolicyEngine
-from rollout.fleet import EngineRouter
-from rollout.model_store import BUILD_INFO, kept_versions
+from turnstile.envs.files import atomic_directory, atomic_path
+from turnstile.rollout.engines.base import PolicyEngine
+from turnstile.rollout.fleet import EngineRouter
+from turnstile.rollout.model_store import BUILD_INFO, kept_versions
 
 MODES = ("inplace", "checkpoint")
 
@@ -56,7 +56,7 @@ class Published:
 async def publish(engine: PolicyEngine | EngineRouter, weights: Mapping[str, torch.Tensor], version: int, *,
                   mode: str = "inplace", checkpoint_dir: str | Path | None = None,
                   timeout_s: float | None = None) -> Published:
-    """Make ``engine`` (one engine or an :class:`~rollout.fleet.EngineRouter`) serve ``weights``.
+    """Make ``engine`` (one engine or an :class:`~turnstile.rollout.fleet.EngineRouter`) serve ``weights``.
 
     Each replica's update has ``timeout_s`` (None: no limit). A router's replica that does not serve
     the new version in time, or whose update raises, is left behind (and leaves the router); a
@@ -143,7 +143,7 @@ class WeightsArchive:
     The training loop adds every published version (before the engines serve it); version 0 is a
     link to the base model. What reads it (the ``information_gain`` reward) scores a trajectory with
     the version that generated it, or the closest one still kept
-    (:func:`rollout.model_store.closest_version`). With the
+    (:func:`turnstile.rollout.model_store.closest_version`). With the
     async loop's staleness bound η, ``keep = η + 2`` keeps every version a sample can still come from.
     """
 

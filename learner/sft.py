@@ -1,13 +1,13 @@
 """SFT data: training samples from our trajectories or from ``turnstile data clean``'s chat rows.
 
-Two inputs, one sample form (:class:`learner.batch.Sample`, loss on the policy's own tokens only):
+Two inputs, one sample form (:class:`turnstile.learner.batch.Sample`, loss on the policy's own tokens only):
 
 - **trajectories** (``turnstile rollout`` JSONL, e.g. the scripted expert's): the token ids are
   already the policy's; every segment is a sample, its turns' response tokens are trained on and the
   observations are masked.
 - **chat rows** (``turnstile data clean`` output: ``messages`` with system, user, then alternating
   assistant turns and tool responses): tokenised with the policy's chat template the way the episode
-  loop builds a context (:class:`rollout.chat.ChatFormat`): the prompt of the first messages, then
+  loop builds a context (:class:`turnstile.rollout.chat.ChatFormat`): the prompt of the first messages, then
   per assistant turn its text plus the end-of-turn token, then the delta of the tool response.
 
 Weights per turn: ``unit`` (plain SFT) or ``abc`` (ABC-SFT, w(step score) of docs/algorithms.md §6 for
@@ -20,15 +20,15 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from learner.batch import (
+from turnstile.learner.batch import (
     Sample,
     abc_sft_turn_weight,
     samples_from_trajectories,
     unit_weight,
 )
-from learner.sft_data import copies_for, parse_resample
-from rollout.chat import ChatFormat
-from rollout.trajectory import Segment, Trajectory, Turn, load_trajectories
+from turnstile.learner.sft_data import copies_for, parse_resample
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.trajectory import Segment, Trajectory, Turn, load_trajectories
 
 FORMATS = ("auto", "trajectories", "chat")
 WEIGHTINGS = {"unit": unit_weight, "abc": abc_sft_turn_weight}

@@ -45,9 +45,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from envs.answers import answer_matches
-from envs.chat_client import ChatClient, ChatClientConfig
-from envs.protocol import (
+from turnstile.envs.answers import answer_matches
+from turnstile.envs.chat_client import ChatClient, ChatClientConfig
+from turnstile.envs.protocol import (
     CALL_CLOSE,
     CALL_OPEN,
     RESPONSE_CLOSE,
@@ -60,14 +60,14 @@ from envs.protocol import (
     strip_stop,
     system_prompt,
 )
-from envs.search.base import SearchHit
-from envs.search.tool import QUERY_SEPARATOR, SearchConfig, SearchTool, format_results
-from envs.tools.base import JsonObject, JsonValue, Tool, ToolError
-from envs.tools.toolbox import Toolbox
-from envs.visit.tool import VisitTool
-from learner.credit.records import write_records
-from learner.sft_formats import AUTO, CHAT, check_format_name, known_formats, row_format
-from rewards.outcome import judge_messages, parse_verdict
+from turnstile.envs.search.base import SearchHit
+from turnstile.envs.search.tool import QUERY_SEPARATOR, SearchConfig, SearchTool, format_results
+from turnstile.envs.tools.base import JsonObject, JsonValue, Tool, ToolError
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.envs.visit.tool import VisitTool
+from turnstile.learner.credit.records import write_records
+from turnstile.learner.sft_formats import AUTO, CHAT, check_format_name, known_formats, row_format
+from turnstile.rewards.outcome import judge_messages, parse_verdict
 
 KNOWN_TOOLS = ("search", "visit")
 PROGRESS_EVERY = 5_000  # input lines between progress reports
@@ -189,7 +189,7 @@ class TranscriptTurn:
 
 @dataclass(frozen=True)
 class Transcript:
-    """One input row as a chat transcript: not a rollout :class:`~rollout.trajectory.Trajectory`
+    """One input row as a chat transcript: not a rollout :class:`~turnstile.rollout.trajectory.Trajectory`
     (no token ids, no rewards) but text from another agent's run, cleaned into SFT rows here."""
 
     line: int
@@ -438,7 +438,7 @@ def _aligned_turn(text: str, events: Counter[str], raw_calls: list[ToolCall]) ->
 
 
 def parse_call(body: str) -> ToolCall | None:
-    """A ``<tool_call>`` body read by the environment's parser (:func:`envs.protocol.parse_call_body`),
+    """A ``<tool_call>`` body read by the environment's parser (:func:`turnstile.envs.protocol.parse_call_body`),
     or None when the environment would refuse it."""
     call = parse_call_body(body, [])
     return None if call is None else ToolCall(*call)

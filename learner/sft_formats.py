@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from envs.protocol import (
+from turnstile.envs.protocol import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
     THINK_CLOSE,
@@ -44,9 +44,9 @@ from envs.protocol import (
     render_tool_call,
     render_tool_response,
 )
-from envs.search.base import SearchHit
-from envs.search.tool import format_results
-from envs.tools.base import JsonObject
+from turnstile.envs.search.base import SearchHit
+from turnstile.envs.search.tool import format_results
+from turnstile.envs.tools.base import JsonObject
 
 Message = dict[str, str]
 RowChat = list[Message] | str  # the chat of a row, or why the row cannot be read

@@ -1,15 +1,15 @@
 """The learner: samples in, a veRL update out, full weights for the rollout fleet.
 
-``Learner`` drives a group of veRL training workers (:class:`learner.verl_workers.PolicyWorker`, the
+``Learner`` drives a group of veRL training workers (:class:`turnstile.learner.verl_workers.PolicyWorker`, the
 FSDP2 engine) over a ``RayWorkerGroup`` with ``dp`` ranks. The same code runs on GPUs and on CPU; on
-CPU the workers and this process load the platform plugin in :mod:`learner.verl_cpu`.
+CPU the workers and this process load the platform plugin in :mod:`turnstile.learner.verl_cpu`.
 
 One RL step (:meth:`Learner.rl_step`): trajectories with per-turn advantages → one sample per segment
-(:mod:`learner.batch`) → minimal-loss downsampling to a multiple of lcm(dp, mini_batch) with group
-statistics recomputed over the survivors (:mod:`learner.downsample`) → mini-batches laid out so each
+(:mod:`turnstile.learner.batch`) → minimal-loss downsampling to a multiple of lcm(dp, mini_batch) with group
+statistics recomputed over the survivors (:mod:`turnstile.learner.downsample`) → mini-batches laid out so each
 rank's share of every mini-batch has about the same number of tokens → veRL's ``ppo_loss`` (PPO-clip
 ``vanilla`` or ``gspo``) with an optional KL to the reference model (``low_var_kl``). An SFT step uses
-the same layout with :func:`learner.verl_workers.weighted_sft_loss`.
+the same layout with :func:`turnstile.learner.verl_workers.weighted_sft_loss`.
 
 veRL splits a batch into ``dp`` equal contiguous parts and each rank walks its part in mini-batches
 of ``mini_batch / dp``. :func:`rank_major_layout` orders the rows so that the k-th mini-batch of every
@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from envs.files import atomic_write
-from learner.batch import Sample, balance_for_ranks, collate, importance_ratios, samples_from_trajectories
-from learner.credit.registry import Estimator
-from learner.downsample import downsample, renormalise
-from rollout.trajectory import Trajectory
+from turnstile.envs.files import atomic_write
+from turnstile.learner.batch import Sample, balance_for_ranks, collate, importance_ratios, samples_from_trajectories
+from turnstile.learner.credit.registry import Estimator
+from turnstile.learner.downsample import downsample, renormalise
+from turnstile.rollout.trajectory import Trajectory
 
 LOSSES = ("vanilla", "gspo")
 
@@ -201,7 +201,7 @@ class StepReport:
 def rank_major_layout(mini_batches: Sequence[Sequence[Sample]], dp: int) -> list[Sample]:
     """Order rows so veRL's split gives rank r, mini-batch k, exactly its share of our k-th batch.
 
-    Each mini-batch is first balanced over the ranks by tokens (:func:`learner.batch.balance_for_ranks`);
+    Each mini-batch is first balanced over the ranks by tokens (:func:`turnstile.learner.batch.balance_for_ranks`);
     then rank 0's shares of every mini-batch come first, then rank 1's, and so on.
     """
     shares: list[list[list[Sample]]] = []
@@ -239,7 +239,7 @@ class Learner:
         """Build the worker groups and load the model (tens of seconds on CPU)."""
         import ray
 
-        from rollout.model_store import resolve_model
+        from turnstile.rollout.model_store import resolve_model
 
         if not ray.is_initialized():
             raise LearnerError("Ray is not running in this process: call ray.init() (or run through "
@@ -254,7 +254,7 @@ class Learner:
                 raise LearnerError(f"learner.sequence_parallel={self.config.sequence_parallel} splits samples "
                                    "across GPUs, and this learner runs on CPU (no GPU per rank in the Ray "
                                    "cluster, or learner.gpu=false): set it to 1")
-            from learner import verl_cpu
+            from turnstile.learner import verl_cpu
 
             verl_cpu.activate()
         self._actor = self._worker_group("actor", forward_only=False, use_gpu=use_gpu)
@@ -282,8 +282,8 @@ class Learner:
             RayWorkerGroup,
         )
 
-        from learner import verl_cpu
-        from learner.verl_workers import PolicyWorker
+        from turnstile.learner import verl_cpu
+        from turnstile.learner.verl_workers import PolicyWorker
 
         config = self._worker_config(forward_only=forward_only, use_gpu=use_gpu)
         actor_class = RayClassWithInitArgs(cls=ray.remote(PolicyWorker), config=config)
@@ -313,7 +313,7 @@ class Learner:
         )
         from verl.workers.engine_workers import TrainingWorkerConfig
 
-        from learner import verl_cpu
+        from turnstile.learner import verl_cpu
 
         c = self.config
         model = HFModelConfig(path=self._model_path, use_remove_padding=use_gpu,
@@ -347,7 +347,7 @@ class Learner:
     def _policy_loss(self) -> Any:  # noqa: ANN401
         from verl.workers.config import ActorConfig
 
-        from learner.verl_workers import ppo_loss_with_mismatch
+        from turnstile.learner.verl_workers import ppo_loss_with_mismatch
 
         c, loss = self.config, self.config.loss_settings()
         actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_mini_batch_size=c.mini_batch,
@@ -385,7 +385,7 @@ class Learner:
 
     def train_sft(self, samples: Sequence[Sample], *, seed: int | None = None) -> StepReport:
         """One SFT update: weighted token-mean cross-entropy on the policy tokens of ``samples``."""
-        from learner.verl_workers import weighted_sft_loss
+        from turnstile.learner.verl_workers import weighted_sft_loss
 
         self._require_started()
         self._actor.set_loss_fn(partial(weighted_sft_loss, None))

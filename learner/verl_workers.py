@@ -1,12 +1,12 @@
 """The veRL side of the learner: our training worker and the SFT loss, both run inside veRL workers.
 
 This module imports veRL, so a process must have its environment set first (``learner.verl_cpu``
-on CPU); :mod:`learner.trainer` imports it only after doing so.
+on CPU); :mod:`turnstile.learner.trainer` imports it only after doing so.
 
 ``PolicyWorker`` is veRL's :class:`~verl.workers.engine_workers.TrainingWorker` (FSDP2 engine, loss
 set by the controller) plus two calls veRL's worker lacks: ``full_weights`` gathers the full
 (unsharded) parameters under their Hugging Face names, which is what our policy engines load, and
-``use_chunked_head`` gives the model :mod:`learner.head`'s LM head (log-probs only where trained).
+``use_chunked_head`` gives the model :mod:`turnstile.learner.head`'s LM head (log-probs only where trained).
 Everything else — updates, log-probs, checkpoints — is veRL's own.
 """
 
@@ -21,7 +21,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import no_padding_2_padding
 
-from learner.batch import importance_ratios
+from turnstile.learner.batch import importance_ratios
 
 
 class PolicyWorker(TrainingWorker):
@@ -37,8 +37,8 @@ class PolicyWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # type: ignore[attr-defined]
     def use_chunked_head(self, chunk: int) -> None:
-        """Project only trained positions onto the vocabulary, ``chunk`` at a time (:mod:`learner.head`)."""
-        from learner.head import install
+        """Project only trained positions onto the vocabulary, ``chunk`` at a time (:mod:`turnstile.learner.head`)."""
+        from turnstile.learner.head import install
 
         install(self.engine, chunk)
 
@@ -80,7 +80,7 @@ def ppo_loss_with_mismatch(config: Any, model_output: TensorDict, data: TensorDi
     the seeds' systems watch: the same weights, two implementations. Later mini-batches add the
     step's own updates. With recomputed old log-probs (GSPO's default) the learner overwrites these
     three with the rollout's log-probs against the recomputed ones, the same mismatch
-    (:meth:`learner.trainer.Learner._train`).
+    (:meth:`turnstile.learner.trainer.Learner._train`).
     """
     from verl.workers.utils.losses import ppo_loss
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from rewards.base import RewardPlugin, build_reward
-from rollout.trajectory import Trajectory
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.rewards.base import RewardPlugin, build_reward
+from turnstile.rollout.trajectory import Trajectory
 
 DEFAULT_SCORE_TIMEOUT_S = 600.0  # one plugin on one group
 

@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from envs.plugins import PluginError, PluginSpec, Registry, typed_options
-from envs.tasks import Task
-from rollout.trajectory import Trajectory, Turn
+from turnstile.envs.plugins import PluginError, PluginSpec, Registry, typed_options
+from turnstile.envs.tasks import Task
+from turnstile.rollout.trajectory import Trajectory, Turn
 
 ENTRY_POINT_GROUP = "turnstile.rewards"
 
@@ -53,8 +53,8 @@ class RewardPlugin(abc.ABC):
     - ``Options`` is the plugin's options dataclass; the plugin is built as ``Cls(config)``
       (by :func:`build_reward`). Heavy clients are built there or lazily, never pickled.
     - ``writes`` names every field the plugin may write, as ``"trajectory.<field>"`` or
-      ``"turn.<field>"`` (fields of :class:`~rollout.trajectory.Trajectory` and
-      :class:`~rollout.trajectory.Turn`); it must write no other field. The contract test checks this.
+      ``"turn.<field>"`` (fields of :class:`~turnstile.rollout.trajectory.Trajectory` and
+      :class:`~turnstile.rollout.trajectory.Turn`); it must write no other field. The contract test checks this.
     - ``score`` is async and scores one trajectory of ``task``; it is idempotent (scoring twice
       writes the same values) and never changes the rollout's own fields (ids, text, actions).
     - ``score_group`` scores the G trajectories of one task; plugins that need the whole group

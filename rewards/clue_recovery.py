@@ -17,17 +17,17 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.chat_client import ChatClient, ChatMessage, clip_text
-from envs.protocol import (
+from turnstile.envs.chat_client import ChatClient, ChatMessage, clip_text
+from turnstile.envs.protocol import (
     FINAL_ANSWER_INSTRUCTION,
     TurnKind,
     parse_turn,
     render_correction,
     render_tool_response,
 )
-from envs.tasks import Clue, Task
-from envs.tools.base import JsonValue
-from envs.tools.toolbox import Toolbox
+from turnstile.envs.tasks import Clue, Task
+from turnstile.envs.tools.base import JsonValue
+from turnstile.envs.tools.toolbox import Toolbox
 
 log = logging.getLogger(__name__)
 

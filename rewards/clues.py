@@ -3,7 +3,7 @@ a solution must establish.
 
 Three parts:
 
-- **Clue recovery** (:mod:`rewards.clue_recovery`) for a task that ships no clues; tasks that carry
+- **Clue recovery** (:mod:`turnstile.rewards.clue_recovery`) for a task that ships no clues; tasks that carry
   clues (the synthetic world's chains, HotpotQA's supporting facts) skip it.
 - **Step judges** label each turn with events: :func:`heuristic_events` matches clue strings in the
   turn's text and observation; :class:`LlmStepJudge` asks an OpenAI-compatible endpoint for JSON
@@ -23,14 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from envs.answers import answer_matches, normalize_answer
-from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, clip_text, json_object_in
-from envs.tasks import Clue, Task
-from envs.tools.toolbox import Toolbox
-from envs.toolset import ToolsConfig, build_toolbox
-from rewards.base import RewardPlugin
-from rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig
-from rollout.trajectory import Trajectory, Turn
+from turnstile.envs.answers import answer_matches, normalize_answer
+from turnstile.envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, clip_text, json_object_in
+from turnstile.envs.tasks import Clue, Task
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.envs.toolset import ToolsConfig, build_toolbox
+from turnstile.rewards.base import RewardPlugin
+from turnstile.rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig
+from turnstile.rollout.trajectory import Trajectory, Turn
 
 log = logging.getLogger(__name__)
 

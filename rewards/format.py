@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from envs.tasks import Task
-from rewards.base import RewardPlugin, last_turn
-from rollout.trajectory import StopReason, Trajectory
+from turnstile.envs.tasks import Task
+from turnstile.rewards.base import RewardPlugin, last_turn
+from turnstile.rollout.trajectory import StopReason, Trajectory
 
 DEFAULT_LAMBDA_FMT = 1.0
 

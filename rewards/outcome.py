@@ -8,7 +8,7 @@
   judge (it scores 1), a reply without a readable verdict scores 0.
 
 With ``format_penalty`` on (the default), an episode that did not end in a well-formed answer gets
-``−λ_fmt`` whatever the answer says (:func:`rewards.format.final_turn_penalty`).
+``−λ_fmt`` whatever the answer says (:func:`turnstile.rewards.format.final_turn_penalty`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from envs.answers import answer_matches, normalize_answer
-from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage
-from envs.tasks import Task
-from rewards.base import RewardPlugin
-from rewards.format import DEFAULT_LAMBDA_FMT, final_turn_penalty
-from rollout.trajectory import Trajectory
+from turnstile.envs.answers import answer_matches, normalize_answer
+from turnstile.envs.chat_client import ChatClient, ChatClientConfig, ChatMessage
+from turnstile.envs.tasks import Task
+from turnstile.rewards.base import RewardPlugin
+from turnstile.rewards.format import DEFAULT_LAMBDA_FMT, final_turn_penalty
+from turnstile.rollout.trajectory import Trajectory
 
 MAX_JUDGE_TEMPERATURE = 0.1
 

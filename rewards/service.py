@@ -27,7 +27,7 @@ that dies (or takes longer than ``reclaim_idle_ms``) is reclaimed by a live work
 put again under the same id, which the store ignores as a duplicate. Plugins are idempotent, so a
 rescored trajectory carries the same fields.
 
-Plugins are applied by :func:`rewards.apply.apply_rewards`, as everywhere else. Failures are
+Plugins are applied by :func:`turnstile.rewards.apply.apply_rewards`, as everywhere else. Failures are
 bounded. A plugin that raises (or passes ``score_timeout_s``) on a trajectory leaves
 the item unacked, so it is delivered again after ``reclaim_idle_ms``; on its ``max_deliveries``-th
 delivery a failure puts the trajectory on ``scored`` *unscored* (outcome None, the reward fields as
@@ -53,12 +53,12 @@ from typing import Self
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from rewards.apply import DEFAULT_SCORE_TIMEOUT_S, apply_rewards, mark_unscored
-from rewards.base import build_reward, reward_options
-from rollout.errors import describe_error
-from rollout.store import (
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.rewards.apply import DEFAULT_SCORE_TIMEOUT_S, apply_rewards, mark_unscored
+from turnstile.rewards.base import build_reward, reward_options
+from turnstile.rollout.errors import describe_error
+from turnstile.rollout.store import (
     FINISHED,
     SCORED,
     Claimed,
@@ -67,7 +67,7 @@ from rollout.store import (
     TrajectoryStore,
     build_store,
 )
-from rollout.trajectory import Trajectory
+from turnstile.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

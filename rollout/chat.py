@@ -27,7 +27,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from envs.protocol import RESPONSE_OPEN
+from turnstile.envs.protocol import RESPONSE_OPEN
 
 Message = Mapping[str, str]
 

@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
-from envs.plugins import Registry
-from envs.protocol import REPORT_CLOSE, REPORT_OPEN, THINK_CLOSE, ParsedTurn
-from rollout.chat import ChatFormat, Message
+from turnstile.envs.plugins import Registry
+from turnstile.envs.protocol import REPORT_CLOSE, REPORT_OPEN, THINK_CLOSE, ParsedTurn
+from turnstile.rollout.chat import ChatFormat, Message
 
 REPORT_HEADER = "Your report so far:"
 NOTES_HEADER = "Earlier context was discarded to free space. Notes carried over from it:"

@@ -13,7 +13,7 @@ is a running count, and only new text (observation, one response) is ever tokeni
 
 ``run_episode`` never raises once the episode runs (only a ``resume`` state of another episode is
 refused up front): not on what the policy writes, an engine failure, or a bug anywhere below it.
-Every way an episode ends is a :class:`~rollout.trajectory.StopReason` (``error`` with
+Every way an episode ends is a :class:`~turnstile.rollout.trajectory.StopReason` (``error`` with
 ``metadata["error"]`` for the unexpected), and the trajectory keeps the turns done so far.
 
 Checkpoints (:class:`Checkpointing`): every ``every`` turns the loop hands an :class:`EpisodeState`
@@ -32,30 +32,30 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from envs.env import Env, EnvConfig, StepResult, build_env
-from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, without_surrogates
-from envs.tasks import Task
-from envs.tools.base import JsonObject
-from envs.tools.toolbox import Toolbox
-from rollout.chat import ChatFormat
-from rollout.context import (
+from turnstile.envs.env import Env, EnvConfig, StepResult, build_env
+from turnstile.envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, without_surrogates
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import JsonObject
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.context import (
     Append,
     ContextManager,
     ContextPlan,
     Exchange,
     planned_length,
 )
-from rollout.engines.base import (
+from turnstile.rollout.engines.base import (
     FINISH_ABORT,
     FINISH_LENGTH,
     Generation,
     PolicyEngine,
     SamplingParams,
 )
-from rollout.errors import describe_error
-from rollout.faults import VERDICT_KEY, FaultConfig, environment_verdict
-from rollout.store.base import StoreDataLostError
-from rollout.trajectory import Segment, StopReason, Trajectory, TrajectoryError, Turn
+from turnstile.rollout.errors import describe_error
+from turnstile.rollout.faults import VERDICT_KEY, FaultConfig, environment_verdict
+from turnstile.rollout.store.base import StoreDataLostError
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, TrajectoryError, Turn
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from envs.protocol import StopReason
-from envs.tools.base import Fault
-from rollout.trajectory import Trajectory
+from turnstile.envs.protocol import StopReason
+from turnstile.envs.tools.base import Fault
+from turnstile.rollout.trajectory import Trajectory
 
 VERDICT_KEY = "environment_fault"  # the trajectory's metadata key that holds the verdict
 # Episodes the engine, the loop or the wall clock ended before the policy did (``timeout``: an

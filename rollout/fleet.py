@@ -1,13 +1,13 @@
 """Policy engines as Ray actors, and the router rollout workers call them through.
 
 An :class:`EngineActor` holds one engine replica (vLLM on a GPU, or on a CPU here) built inside the
-actor from a small picklable :class:`~rollout.engines.config.EngineConfig`. An
-:class:`EngineRouter` is a :class:`~rollout.engines.base.PolicyEngine` over the replicas: each
+actor from a small picklable :class:`~turnstile.rollout.engines.config.EngineConfig`. An
+:class:`EngineRouter` is a :class:`~turnstile.rollout.engines.base.PolicyEngine` over the replicas: each
 episode sticks to one replica (its ``affinity``), so the replica's prefix cache holds the episode's
 growing context; a new episode goes to the replica with the fewest requests in flight. When a
 replica dies, its episodes move to another replica and the request is retried there once; weight
 updates and version queries skip it from then on. Ray does not restart a replica (it would come back
-serving the base weights, not the published version): the fleet (:mod:`cluster.fleet.elastic`) starts a
+serving the base weights, not the published version): the fleet (:mod:`turnstile.cluster.fleet.elastic`) starts a
 new one, brings it to the published version, and only then adds it to the routers' membership.
 """
 
@@ -23,10 +23,10 @@ import ray
 import torch
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from rollout.engines.base import Generation, SamplingParams
-from rollout.engines.config import EngineConfig
-from rollout.engines.registry import build_engine
-from rollout.errors import describe_error
+from turnstile.rollout.engines.base import Generation, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.registry import build_engine
+from turnstile.rollout.errors import describe_error
 
 log = logging.getLogger(__name__)
 _DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
@@ -99,7 +99,7 @@ class EngineRouter:
     """A PolicyEngine over engine replicas: least-loaded placement, per-episode affinity.
 
     The replicas are a membership keyed by replica id, which whoever runs the fleet replaces with
-    :meth:`set_replicas` as replicas join and leave (:class:`cluster.fleet.elastic.ElasticFleet`); a
+    :meth:`set_replicas` as replicas join and leave (:class:`turnstile.cluster.fleet.elastic.ElasticFleet`); a
     replica that left gets no new request, and an episode that was on it moves to another. Load is
     what this router has in flight on each replica; with several rollout workers each balances its
     own share, which evens out the total. With no live replica a request waits up to

@@ -29,7 +29,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from envs.files import atomic_directory
+from turnstile.envs.files import atomic_directory
 
 
 class PackageMissing(RuntimeError):

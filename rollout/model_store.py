@@ -14,9 +14,9 @@ Models known by name (:func:`resolve_model`): ``tiny-qwen3``, the random-weight 
 what an empty ``model`` means); ``tiny-qwen3-sft``, the same model after SFT on the scripted expert;
 ``tiny-qwen3-mixed``, the warm start of the embedded default ``turnstile train`` —
 ``tiny-qwen3-sft`` after SFT on the trajectories of two agents, the expert and a hasty one that
-answers without opening a page (:mod:`cluster.recipes.warm_start`); the last two are committed under
+answers without opening a page (:mod:`turnstile.cluster.recipes.warm_start`); the last two are committed under
 ``rollout/models/``: their recipes take longer than a first run may. And the pretrained models
-packages ship (:mod:`rollout.model_packages`: ``smollm2-135m-instruct``), converted into the cache
+packages ship (:mod:`turnstile.rollout.model_packages`: ``smollm2-135m-instruct``), converted into the cache
 on first use like ``tiny-qwen3``.
 """
 
@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from envs.files import atomic_directory
-from rollout.model_packages import BUILD_INFO, PACKAGED_MODELS, build_packaged_model
+from turnstile.envs.files import atomic_directory
+from turnstile.rollout.model_packages import BUILD_INFO, PACKAGED_MODELS, build_packaged_model
 
 if TYPE_CHECKING:
-    from envs.tools.base import JsonObject
+    from turnstile.envs.tools.base import JsonObject
 
 PROTOCOL_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>",
                    "</tool_response>", "<answer>", "</answer>", "<report>", "</report>")
@@ -107,7 +107,7 @@ def packaged_model_path(name: str) -> Path:
 
 def ensure_packaged_model(name: str) -> Path:
     """A packaged model's directory in the cache, converted first if it is missing (raises
-    :class:`rollout.model_packages.PackageMissing` when its package is not installed)."""
+    :class:`turnstile.rollout.model_packages.PackageMissing` when its package is not installed)."""
     return _ensure_built(packaged_model_path(name), lambda target: build_packaged_model(target, name))
 
 
@@ -193,9 +193,9 @@ def train_tokenizer(spec: TinyModelSpec):  # noqa: ANN201 - transformers' PreTra
 
 
 def _training_text(spec: TinyModelSpec) -> Iterator[str]:
-    from envs.protocol import render_answer, render_tool_call, render_tool_response, system_prompt
-    from envs.synthetic.render import world_documents
-    from envs.synthetic.world import WorldConfig, generate_world
+    from turnstile.envs.protocol import render_answer, render_tool_call, render_tool_response, system_prompt
+    from turnstile.envs.synthetic.render import world_documents
+    from turnstile.envs.synthetic.world import WorldConfig, generate_world
 
     world = generate_world(WorldConfig(seed=spec.tokenizer_world_seed,
                                        entities=spec.tokenizer_world_entities))

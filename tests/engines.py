@@ -24,10 +24,10 @@ from _pytest.mark import ParameterSet  # what pytest.param returns
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from envs.protocol import render_tool_call, render_tool_response, system_prompt
-from rollout.engines.base import PolicyEngine
-from rollout.engines.config import EngineConfig
-from rollout.model_store import resolve_model
+from turnstile.envs.protocol import render_tool_call, render_tool_response, system_prompt
+from turnstile.rollout.engines.base import PolicyEngine
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.model_store import resolve_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,13 +59,13 @@ def engine_config(kind: str, model: str = TINY) -> EngineConfig:
 
 
 def build_hf_engine(config: EngineConfig) -> PolicyEngine:
-    from rollout.engines.hf import HFEngine
+    from turnstile.rollout.engines.hf import HFEngine
 
     return HFEngine.from_config(config)
 
 
 def build_vllm_engine(config: EngineConfig) -> PolicyEngine:
-    from rollout.engines.vllm import VllmEngine
+    from turnstile.rollout.engines.vllm import VllmEngine
 
     return VllmEngine.from_config(config)
 

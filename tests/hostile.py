@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
-from rollout.engines.config import EngineConfig
-from rollout.engines.scripted import ScriptedEngine
+from turnstile.rollout.engines.base import FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.scripted import ScriptedEngine
 
 
 def _call(body: str) -> str:

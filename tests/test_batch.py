@@ -7,14 +7,14 @@ import random
 import pytest
 import torch
 
-from learner.batch import (
+from turnstile.learner.batch import (
     Sample,
     abc_sft_turn_weight,
     balance_for_ranks,
     collate,
     samples_from_trajectories,
 )
-from rollout.trajectory import Segment, StopReason, Trajectory, Turn
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 
 def turn(index: int, response: list[int], observation: list[int] | None = None, *,

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envs.calculator import CalculationError, calculate, render_number
-from envs.datasets.generic import DatasetError
-from envs.datasets.registry import DatasetConfig, load_tasks
+from turnstile.envs.calculator import CalculationError, calculate, render_number
+from turnstile.envs.datasets.generic import DatasetError
+from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
 
 
 @pytest.mark.parametrize(("expression", "value"), [

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from tokenizers import AddedToken
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from envs.protocol import render_tool_call
-from rollout.chat import ChatFormat
-from rollout.model_store import ensure_default_model
+from turnstile.envs.protocol import render_tool_call
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.model_store import ensure_default_model
 
 LLAMA_STYLE = (
     "{%- for message in messages -%}"

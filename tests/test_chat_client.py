@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
 from tests.openai_server import Reply, chat_server, replies_in_order
+from turnstile.envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
 
 
 def client_for(base_url: str, **options: float | str) -> ChatClient:

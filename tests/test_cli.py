@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli import build_parser, main
+from turnstile.cluster.cli import build_parser, main
 
 
 def turnstile(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", "from cluster.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from turnstile.cluster.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
@@ -31,7 +31,7 @@ def test_help_and_credit_start_without_the_heavy_stack(tmp_path: Path) -> None:
     import none of torch, vLLM, Ray, transformers or veRL (they cost seconds to import)."""
     script = f"""
 import sys
-from cluster.cli import COMMANDS, main
+from turnstile.cluster.cli import COMMANDS, main
 for argv in [["--help"], *[[name.replace("_", "-"), "--help"] for name in COMMANDS], ["data", "clean", "--help"],
              ["credit", "--estimator", "igpo", "--in", {str(FIXTURES / "e1.jsonl")!r},
               "--out", {str(tmp_path / "o.jsonl")!r}]]:

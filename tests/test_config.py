@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli.config import ConfigError, dump_config, load_config
-from envs.env import EnvConfig
-from envs.tools.toolbox import ToolboxConfig
+from turnstile.cluster.cli.config import ConfigError, dump_config, load_config
+from turnstile.envs.env import EnvConfig
+from turnstile.envs.tools.toolbox import ToolboxConfig
 
 
 @dataclass
@@ -57,7 +57,7 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
 def test_options_follow_the_kind_they_were_given_for(tmp_path: Path) -> None:
     # The embedded default's data options are the synthetic loader's; another kind starts afresh,
     # whether the file or an override changes it, and the same kind keeps and merges them.
-    from cluster.jobs.run import TrainJob
+    from turnstile.cluster.jobs.run import TrainJob
 
     default = load_config(TrainJob)
     assert default.rollout.data.options["min_hops"] == 1
@@ -73,7 +73,7 @@ def test_options_follow_the_kind_they_were_given_for(tmp_path: Path) -> None:
 
 
 def test_a_renamed_key_says_what_it_is_now(tmp_path: Path) -> None:
-    from cluster.jobs.run import TrainJob
+    from turnstile.cluster.jobs.run import TrainJob
 
     with pytest.raises(ConfigError, match=r"override 'estimator.name=igpo': 'estimator.name' is now "
                                           r"'estimator.kind'.*estimator: \{kind: grpo\}"):

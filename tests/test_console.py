@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cluster.fleet.autoscale import FleetView
-from cluster.jobs.console import NATIVE_LOG, TrainConsole
-from cluster.jobs.metrics import render
+from turnstile.cluster.fleet.autoscale import FleetView
+from turnstile.cluster.jobs.console import NATIVE_LOG, TrainConsole
+from turnstile.cluster.jobs.metrics import render
 
 STEP = {"reward/mean": 0.25, "reward/accuracy": 0.375, "rollout/turns_mean": 6.5, "rollout/turns_max": 9.0,
         "format/ok_rate": 0.875, "staleness/mean": 0.5, "staleness/max": 1.0, "throughput/tokens_per_s": 812.0,

@@ -15,13 +15,13 @@ from typing import ClassVar
 import pytest
 import torch
 
-from envs.env import EnvConfig
-from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, parse_turn, render_tool_call
-from envs.tasks import Task
-from envs.tools.base import JsonObject
-from envs.tools.toolbox import Toolbox
-from rollout.chat import ChatFormat
-from rollout.context import (
+from turnstile.envs.env import EnvConfig
+from turnstile.envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, parse_turn, render_tool_call
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import JsonObject
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.context import (
     CONTEXT_MANAGERS,
     Append,
     ContextConfig,
@@ -30,10 +30,10 @@ from rollout.context import (
     action_text,
     build_context_manager,
 )
-from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
-from rollout.episode import EpisodeConfig, run_episode
-from rollout.model_store import ensure_default_model
-from rollout.trajectory import StopReason, Trajectory
+from turnstile.rollout.engines.base import FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.episode import EpisodeConfig, run_episode
+from turnstile.rollout.model_store import ensure_default_model
+from turnstile.rollout.trajectory import StopReason, Trajectory
 
 SYSTEM = {"role": "system", "content": "You are a deep research assistant."}
 QUESTION = "Which city is the capital of Krandara?"
@@ -222,7 +222,7 @@ async def test_discard_all_keeps_at_most_k_plus_one_segments(chat: ChatFormat, k
 
 
 async def test_segments_round_trip_through_jsonl(chat: ChatFormat, tmp_path: Path) -> None:
-    from rollout.trajectory import load_trajectories, save_trajectories
+    from turnstile.rollout.trajectory import load_trajectories, save_trajectories
 
     trajectory = await run(chat, ContextConfig(kind="discard_all", max_resets=1), budget=6000)
     save_trajectories([trajectory], tmp_path / "t.jsonl")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from envs.corpus import read_corpus
-from envs.search.base import Document
 from tests.tools_for_tests import write_corpus
+from turnstile.envs.corpus import read_corpus
+from turnstile.envs.search.base import Document
 
 
 def test_reads_ids_html_and_url_prefix(tmp_path: Path) -> None:

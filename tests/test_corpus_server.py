@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from cluster.cli.commands import serve_corpus
-from envs.corpus_server import CorpusServer, CorpusServerConfig, page_path
-from envs.search.base import Document
+from turnstile.cluster.cli.commands import serve_corpus
+from turnstile.envs.corpus_server import CorpusServer, CorpusServerConfig, page_path
+from turnstile.envs.search.base import Document
 
 pytestmark = pytest.mark.integration
 

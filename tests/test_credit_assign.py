@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from learner.credit import build_estimator
-from learner.credit.assign import assign_credit, response_mask, token_advantages
 from tests.test_trajectory import sample_trajectory
+from turnstile.learner.credit import build_estimator
+from turnstile.learner.credit.assign import assign_credit, response_mask, token_advantages
 
 
 def scored(uid: str, sample: int, outcome: float, v: list[float]):  # noqa: ANN201
@@ -50,9 +50,9 @@ def test_a_cut_episode_scores_as_a_wrong_answer_in_training_too(name: str) -> No
     turn-record file): a wrong answer and an episode the turn limit cut get the same advantage, a
     malformed answer attempt still pays. (A first version read the stop reason only from turn-record
     files, so in training a malformed answer paid nothing.)"""
-    from learner.credit import build_estimator as build
-    from learner.credit.registry import estimator_class
-    from rollout.trajectory import StopReason
+    from turnstile.learner.credit import build_estimator as build
+    from turnstile.learner.credit.registry import estimator_class
+    from turnstile.rollout.trajectory import StopReason
 
     batch = [scored("q", sample, 0.0, [-2.0, -2.0]) for sample in range(3)]
     for trajectory, stop in zip(batch, (StopReason.ANSWERED, StopReason.NO_ANSWER, StopReason.MALFORMED_ANSWER),
@@ -70,7 +70,7 @@ def test_a_failed_call_can_be_left_without_information_gain() -> None:
     collects that search's gain (what IGPO paid most for on the multi-hop split,
     docs/benchmarks/learning.md). With ``credit_failed_calls=false`` it is no boundary, and the gain
     goes to the next visit that read a page."""
-    from learner.credit import IgpoOptions
+    from turnstile.learner.credit import IgpoOptions
 
     def episode(sample: int):  # noqa: ANN202
         trajectory = scored("q", sample, 0.0, [-5.0, -5.0])

@@ -15,8 +15,8 @@ from typing import TypedDict
 
 import pytest
 
-from cluster.cli.commands import credit as credit_command
-from learner.credit import abc_sft_weight, group_normalize
+from turnstile.cluster.cli.commands import credit as credit_command
+from turnstile.learner.credit import abc_sft_weight, group_normalize
 
 FIXTURES = Path(__file__).parent / "fixtures" / "credit"
 TOLERANCE = 1e-5
@@ -125,7 +125,7 @@ def test_e5_gspo_sequence_ratio() -> None:
     """GSPO's ratio as the learner computes it (``learner.batch.importance_ratios``): the geometric
     mean over a round's response tokens, padding and observations masked out, differentiable."""
     torch = pytest.importorskip("torch")
-    from learner.batch import importance_ratios
+    from turnstile.learner.batch import importance_ratios
 
     case = json.loads((FIXTURES / "e5.expected.json").read_text())["gspo_ratio"]
     new = torch.tensor([case["new"] + [0.0]], dtype=torch.float64, requires_grad=True)
@@ -137,7 +137,7 @@ def test_e5_gspo_sequence_ratio() -> None:
 
 
 def test_credit_is_wired_into_the_turnstile_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cluster.cli import main
+    from turnstile.cluster.cli import main
 
     out = tmp_path / "credited.jsonl"
     with pytest.raises(SystemExit) as exit_info:

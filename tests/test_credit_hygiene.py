@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.credit import (
+from turnstile.learner.credit import (
     AbcGrpoOptions,
     Estimator,
     Group,
@@ -34,7 +34,7 @@ from learner.credit import (
     group_normalize,
     trajectory_from_object,
 )
-from learner.credit.normalize import normalize_pooled
+from turnstile.learner.credit.normalize import normalize_pooled
 
 
 def group_of(objects: list[dict]) -> Group:

@@ -10,8 +10,8 @@ from typing import Protocol
 
 import pytest
 
-from cluster.cli.commands import credit as credit_command
-from learner.credit import ESTIMATORS, build_estimator, estimator_class, group_by_uid, read_trajectories
+from turnstile.cluster.cli.commands import credit as credit_command
+from turnstile.learner.credit import ESTIMATORS, build_estimator, estimator_class, group_by_uid, read_trajectories
 
 GOOD = {"uid": "q", "outcome": 1.0, "turns": [{"tool": "visit", "ig_value": -2.0, "step_score": 1.8},
                                              {"tool": None, "ig_value": -1.0, "step_score": 2.0}]}
@@ -170,10 +170,10 @@ def test_missing_input_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_a_scored_rollout_file_is_a_turn_record_file(tmp_path: Path) -> None:
     # One trajectory format: `turnstile credit` reads the rollout's own lines (turns inside
     # segments, stop_reason, the same field names) and gives what credit on the objects gives.
-    from learner.credit import build_estimator
-    from learner.credit.assign import assign_credit
-    from learner.credit.records import credited_records, group_by_uid, read_trajectories
-    from rollout.trajectory import Segment, StopReason, Trajectory, Turn, save_trajectories
+    from turnstile.learner.credit import build_estimator
+    from turnstile.learner.credit.assign import assign_credit
+    from turnstile.learner.credit.records import credited_records, group_by_uid, read_trajectories
+    from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn, save_trajectories
 
     def episode(sample: int, outcome: float, answered: bool) -> Trajectory:
         turns = [Turn(index=i, response_ids=[1], response_logprobs=[0.0], weights_version=0, context_len=1,

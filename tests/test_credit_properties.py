@@ -8,7 +8,7 @@ import random as random_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from learner.credit import (
+from turnstile.learner.credit import (
     ESTIMATORS,
     Estimator,
     Group,

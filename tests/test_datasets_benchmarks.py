@@ -13,7 +13,7 @@ from pathlib import Path
 import openpyxl
 import pytest
 
-from envs.datasets import (
+from turnstile.envs.datasets import (
     BROWSECOMP_ZH_COUNT,
     WEBSHAPER_COUNT,
     WEBWALKERQA_COUNT,
@@ -24,8 +24,8 @@ from envs.datasets import (
     load_tasks,
     load_xbench,
 )
-from envs.datasets.benchmarks import browsecomp_key, encrypt_text, xbench_key
-from envs.tasks import Task
+from turnstile.envs.datasets.benchmarks import browsecomp_key, encrypt_text, xbench_key
+from turnstile.envs.tasks import Task
 
 CANARY = "TEST DATA canary GUID 00000000-test"
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envs.datasets import DatasetError, load_jsonl, load_parquet
-from envs.tasks import Clue, Task
+from turnstile.envs.datasets import DatasetError, load_jsonl, load_parquet
+from turnstile.envs.tasks import Clue, Task
 
 
 def write_jsonl(path: Path, rows: list[object]) -> Path:

@@ -11,9 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envs.corpus import read_corpus
-from envs.corpus_server import CorpusServer
-from envs.datasets import (
+from tests.tools_for_tests import write_corpus
+from turnstile.envs.corpus import read_corpus
+from turnstile.envs.corpus_server import CorpusServer
+from turnstile.envs.datasets import (
     DatasetConfig,
     DatasetError,
     HotpotQA,
@@ -22,9 +23,8 @@ from envs.datasets import (
     read_hotpotqa,
     title_slug,
 )
-from envs.search.base import Document
-from envs.search.local import LocalIndex
-from tests.tools_for_tests import write_corpus
+from turnstile.envs.search.base import Document
+from turnstile.envs.search.local import LocalIndex
 
 PREFIX = "http://127.0.0.1:8765/wiki/"
 
@@ -237,8 +237,8 @@ def test_musique_urls_do_not_depend_on_the_file(tmp_path: Path) -> None:
 
 
 def test_a_hotpotqa_corpus_serves_every_page_its_tasks_cite(shared_data: Path) -> None:
-    from envs.corpus import CorpusConfig, corpus_documents
-    from envs.corpus_server import PAGE_PREFIX
+    from turnstile.envs.corpus import CorpusConfig, corpus_documents
+    from turnstile.envs.corpus_server import PAGE_PREFIX
 
     path = shared_data / "multihop" / "hotpotqa_dev500.jsonl"
     base = "http://127.0.0.1:9"

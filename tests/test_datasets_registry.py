@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from envs.datasets import DatasetConfig, DatasetError, known_kinds, load_tasks, register_dataset, registry
-from envs.tasks import Task
+from turnstile.envs.datasets import DatasetConfig, DatasetError, known_kinds, load_tasks, register_dataset, registry
+from turnstile.envs.tasks import Task
 
 BUILTIN = {"jsonl", "parquet", "hotpotqa", "browsecomp_zh", "xbench", "webwalkerqa", "webshaper"}
 

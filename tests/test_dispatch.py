@@ -10,9 +10,9 @@ import time
 import pytest
 import ray
 
-from cluster.fleet.dispatch import Dispatcher, WorkerPool
-from envs.tasks import Task
-from rollout.trajectory import StopReason, Trajectory
+from turnstile.cluster.fleet.dispatch import Dispatcher, WorkerPool
+from turnstile.envs.tasks import Task
+from turnstile.rollout.trajectory import StopReason, Trajectory
 
 pytestmark = pytest.mark.integration
 

@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from learner.batch import Sample, samples_from_trajectories
-from learner.credit import build_estimator
-from learner.credit.assign import assign_credit
-from learner.downsample import downsample, kept_count, renormalise
-from rollout.trajectory import Segment, Trajectory
 from tests.test_batch import trajectory, turn
 from tests.test_credit_assign import scored
+from turnstile.learner.batch import Sample, samples_from_trajectories
+from turnstile.learner.credit import build_estimator
+from turnstile.learner.credit.assign import assign_credit
+from turnstile.learner.downsample import downsample, kept_count, renormalise
+from turnstile.rollout.trajectory import Segment, Trajectory
 
 TOLERANCE = 1e-5
 

@@ -16,17 +16,17 @@ import pytest
 import ray
 import torch
 
-from cluster.cli.config import ConfigError, load_config
-from cluster.fleet.autoscale import AutoscaleConfig, FleetView, Schedule, TargetLoad, build_policy
-from cluster.fleet.elastic import ElasticFleet, elastic_fleet
-from cluster.jobs.rollout import fleet_events, run_rollout
-from cluster.jobs.session import RolloutJob, serve_corpus
-from envs.answers import answer_matches
-from rollout.engines.config import EngineConfig
-from rollout.model_store import resolve_model
-from rollout.trajectory import StopReason, load_trajectories
-from rollout.workers import WorkerSpec
 from tests.tools_for_tests import WorkerKiller
+from turnstile.cluster.cli.config import ConfigError, load_config
+from turnstile.cluster.fleet.autoscale import AutoscaleConfig, FleetView, Schedule, TargetLoad, build_policy
+from turnstile.cluster.fleet.elastic import ElasticFleet, elastic_fleet
+from turnstile.cluster.jobs.rollout import fleet_events, run_rollout
+from turnstile.cluster.jobs.session import RolloutJob, serve_corpus
+from turnstile.envs.answers import answer_matches
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.model_store import resolve_model
+from turnstile.rollout.trajectory import StopReason, load_trajectories
+from turnstile.rollout.workers import WorkerSpec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 ONE_HOP = "{min_hops: 1, max_hops: 1, entity_answer_fraction: 1.0, aggregation_fraction: 0.0, count: 200}"
@@ -192,10 +192,10 @@ def base_weights(model: str) -> dict[str, torch.Tensor]:
 @pytest.mark.integration
 def test_a_training_run_grows_and_shrinks_and_the_learner_gets_every_sample_once(ray_local: None,
                                                                                  tmp_path: Path) -> None:
-    from cluster.jobs.run import TrainJob
-    from cluster.jobs.train import run_train
     from tests.test_train import EXAMPLE
     from tests.test_train_faults import STEPS, assert_exactly_once, overrides
+    from turnstile.cluster.jobs.run import TrainJob
+    from turnstile.cluster.jobs.train import run_train
 
     # Async training with the expert at a model server's pace; the fleet doubles once the run is
     # going, publishes reach whoever serves, and it shrinks back before the end.
@@ -261,7 +261,7 @@ async def test_replicas_that_do_not_take_the_new_weights_are_replaced(ray_local:
 
 @pytest.mark.integration
 async def test_a_publish_that_no_replica_completes_stops_with_an_error(ray_local: None, tmp_path: Path) -> None:
-    from learner.publish import PublishError
+    from turnstile.learner.publish import PublishError
 
     with stuck_fleet(tmp_path, 2, hang=[0, 1], fail=[]) as (fleet, _):
         started = time.monotonic()

@@ -19,13 +19,6 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from rollout.engines.base import (
-    FINISH_LENGTH,
-    FINISH_STOP,
-    Generation,
-    PolicyEngine,
-    SamplingParams,
-)
 from tests.engines import (
     CROSS_ATOL,
     MAX_MODEL_LEN,
@@ -42,6 +35,13 @@ from tests.engines import (
     perturbed_weights,
     reference_logprobs,
     vocab_size,
+)
+from turnstile.rollout.engines.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Generation,
+    PolicyEngine,
+    SamplingParams,
 )
 
 # Engines live in the session's event loop (vLLM binds its output handler to the loop it starts in).

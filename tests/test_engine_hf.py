@@ -15,10 +15,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, SamplingParams
-from rollout.engines.config import EngineConfig, HFEngineConfig
-from rollout.engines.hf import HFEngine, sample_token, torch_dtype
-from rollout.engines.registry import build_engine
 from tests.engines import (
     MAX_MODEL_LEN,
     SELF_ATOL,
@@ -30,6 +26,10 @@ from tests.engines import (
     perturbed_weights,
     reference_logprobs,
 )
+from turnstile.rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig, HFEngineConfig
+from turnstile.rollout.engines.hf import HFEngine, sample_token, torch_dtype
+from turnstile.rollout.engines.registry import build_engine
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
 

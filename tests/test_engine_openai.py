@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from envs.chat_client import ChatClient, ChatClientConfig
-from envs.datasets.registry import DatasetConfig, load_tasks
-from rollout.chat import ChatFormat
-from rollout.engines.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
-from rollout.engines.config import EngineConfig
-from rollout.engines.openai import OpenAIEngine, prompt_messages
-from rollout.model_store import resolve_model
 from tests.openai_server import Reply, chat_server
+from turnstile.envs.chat_client import ChatClient, ChatClientConfig
+from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.base import FINISH_LENGTH, FINISH_STOP, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.openai import OpenAIEngine, prompt_messages
+from turnstile.rollout.model_store import resolve_model
 
 REPO = Path(__file__).resolve().parent.parent
 HELDOUT = {"min_hops": 1, "max_hops": 1, "entity_answer_fraction": 1.0, "aggregation_fraction": 0.0, "count": 1200}

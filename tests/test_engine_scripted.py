@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from envs.protocol import TurnKind, parse_turn, render_answer, render_tool_call
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.world import WorldConfig, generate_world
-from envs.tasks import Task
-from rollout.chat import ChatFormat
-from rollout.engines.base import FINISH_LENGTH, FINISH_STOP, PolicyEngine, SamplingParams
-from rollout.engines.config import EngineConfig, ScriptedEngineConfig
-from rollout.engines.registry import build_engine
-from rollout.engines.scripted import ScriptedEngine
-from rollout.model_store import ensure_default_model
-from rollout.trajectory import Segment, Trajectory, Turn, save_trajectories
+from turnstile.envs.protocol import TurnKind, parse_turn, render_answer, render_tool_call
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.tasks import Task
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.base import FINISH_LENGTH, FINISH_STOP, PolicyEngine, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig, ScriptedEngineConfig
+from turnstile.rollout.engines.registry import build_engine
+from turnstile.rollout.engines.scripted import ScriptedEngine
+from turnstile.rollout.model_store import ensure_default_model
+from turnstile.rollout.trajectory import Segment, Trajectory, Turn, save_trajectories
 
 SYSTEM = {"role": "system", "content": "You are a deep research assistant."}
 
@@ -143,7 +143,7 @@ async def test_score_and_weights(chat: ChatFormat, tasks: list[Task], sampling: 
 
 
 def test_check_tasks_refuses_questions_outside_the_world(tasks: list[Task]) -> None:
-    from rollout.engines.registry import check_engine_tasks
+    from turnstile.rollout.engines.registry import check_engine_tasks
 
     config = EngineConfig(kind="scripted")
     check_engine_tasks(config, [t.question for t in tasks[:5]])  # its own world: served
@@ -154,10 +154,10 @@ def test_check_tasks_refuses_questions_outside_the_world(tasks: list[Task]) -> N
 
 
 def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Path) -> None:
-    from cluster.jobs.session import check_servable
-    from envs.corpus import CorpusConfig
-    from envs.corpus_server import PAGE_PREFIX
-    from envs.datasets.registry import DatasetConfig, load_tasks
+    from turnstile.cluster.jobs.session import check_servable
+    from turnstile.envs.corpus import CorpusConfig
+    from turnstile.envs.corpus_server import PAGE_PREFIX
+    from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
 
     corpus = CorpusConfig(kind="synthetic", base_url="http://127.0.0.1:9")
     prefix = corpus.base_url + PAGE_PREFIX
@@ -171,7 +171,7 @@ def test_check_servable_refuses_clues_the_corpus_does_not_serve(shared_data: Pat
     with pytest.raises(ValueError, match=r"engine.kind=scripted"):
         check_servable(hotpot, CorpusConfig(kind="none"), EngineConfig(kind="scripted"))
     # A rollout of HotpotQA tells the expert its data: it follows those questions' clue chains.
-    from cluster.jobs.session import expert_engine
+    from turnstile.cluster.jobs.session import expert_engine
 
     data = DatasetConfig(kind="hotpotqa", path=str(shared_data / "multihop/hotpotqa_dev500.jsonl"), limit=3)
     oracle = expert_engine(EngineConfig(kind="scripted"), data)
@@ -188,7 +188,7 @@ async def test_the_sim_engine_takes_a_model_servers_time(chat: ChatFormat, tasks
     import asyncio
     import time
 
-    from rollout.engines.sim import SimEngine
+    from turnstile.rollout.engines.sim import SimEngine
 
     config = EngineConfig(kind="sim", model=str(ensure_default_model()),
                           options={"decode_s_per_token": 0.002, "prefill_s_per_token": 0.001, "concurrency": 1})

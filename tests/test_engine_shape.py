@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rollout.engines.config import EngineConfig, VllmEngineConfig
-from rollout.engines.shape import CPU_MIN_KV_CACHE_BYTES, follow_model, kv_cache_bytes, model_shape
-from rollout.model_store import ensure_default_model
+from turnstile.rollout.engines.config import EngineConfig, VllmEngineConfig
+from turnstile.rollout.engines.shape import CPU_MIN_KV_CACHE_BYTES, follow_model, kv_cache_bytes, model_shape
+from turnstile.rollout.model_store import ensure_default_model
 
 # Llama-3-8B's shape (no head_dim in its config: hidden / heads), without weights.
 LLAMA = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -42,7 +42,7 @@ def test_the_length_follows_the_model_unless_set(tmp_path: Path) -> None:
 
 
 def test_a_config_without_a_length_needs_one_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rollout.engines import shape
+    from turnstile.rollout.engines import shape
 
     model = config_dir(tmp_path)
     monkeypatch.setattr(shape, "model_shape", lambda _model: replace(model_shape(model), positions=None))

@@ -19,9 +19,9 @@ import pytest
 import pytest_asyncio
 import torch
 
-from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, PolicyEngine, SamplingParams
-from rollout.engines.config import EngineConfig, VllmEngineConfig
-from rollout.engines.vllm import VllmEngine
+from turnstile.rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, PolicyEngine, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig, VllmEngineConfig
+from turnstile.rollout.engines.vllm import VllmEngine
 
 LOGPROB_TOLERANCE = 1e-4  # absolute, fp32 vLLM-CPU vs fp32 transformers
 MAX_MODEL_LEN = 512
@@ -37,7 +37,7 @@ def engine_config(**vllm_options: object) -> EngineConfig:
 
 
 def model_dir() -> Path:
-    from rollout.model_store import ensure_default_model
+    from turnstile.rollout.model_store import ensure_default_model
 
     return ensure_default_model()
 
@@ -307,7 +307,7 @@ async def test_checkpoint_reload_and_close(tmp_path: Path, reference: Reference)
 
     from safetensors.torch import save_file
 
-    from rollout.engines.shape import CPU_MIN_KV_CACHE_BYTES
+    from turnstile.rollout.engines.shape import CPU_MIN_KV_CACHE_BYTES
 
     model = tmp_path / "model"
     shutil.copytree(model_dir(), model)

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envs.env import EnvConfig, SearchBrowseEnv
-from envs.protocol import FINAL_ANSWER_INSTRUCTION, StopReason, render_answer, render_tool_call
-from envs.tasks import Task
-from envs.tools.base import ToolError
-from envs.tools.toolbox import Toolbox, ToolboxConfig
 from tests.tools_for_tests import EchoTool, FlakyTool
+from turnstile.envs.env import EnvConfig, SearchBrowseEnv
+from turnstile.envs.protocol import FINAL_ANSWER_INSTRUCTION, StopReason, render_answer, render_tool_call
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import ToolError
+from turnstile.envs.tools.toolbox import Toolbox, ToolboxConfig
 
 TASK = Task(id="t1", question="Who?", answers=("Ada",))
 
@@ -193,7 +193,7 @@ def test_hostile_calls_get_an_observation_from_the_real_tools(toolbox, body: str
 
 
 def test_cache_key_of_unencodable_arguments_is_stable() -> None:
-    from envs.tools.cache import cache_key
+    from turnstile.envs.tools.cache import cache_key
 
     assert cache_key("search", {"query": "\ud800"}) == cache_key("search", {"query": "\ud800"})
     assert cache_key("search", {"query": "\ud800"}) != cache_key("search", {"query": "\udfff"})

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from envs.env import Env, EnvConfig, build_env, env_class
-from envs.protocol import StopReason, render_answer, render_tool_call
-from envs.tasks import Task
-from envs.tools.toolbox import Toolbox, ToolboxConfig
 from tests.hostile import HOSTILE_TURNS
 from tests.tools_for_tests import EchoTool
+from turnstile.envs.env import Env, EnvConfig, build_env, env_class
+from turnstile.envs.protocol import StopReason, render_answer, render_tool_call
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.toolbox import Toolbox, ToolboxConfig
 
 
 @dataclass(frozen=True)

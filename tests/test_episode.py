@@ -18,23 +18,23 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envs.env import EnvConfig
-from envs.protocol import FINAL_ANSWER_INSTRUCTION, render_tool_call
-from envs.synthetic.evaluate import answer_matches
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import WorldConfig, generate_world
-from envs.tasks import Task
-from envs.tools.cache import CacheConfig
-from envs.tools.toolbox import Toolbox, ToolboxConfig
-from rollout.chat import ChatFormat
-from rollout.context import ContextConfig, build_context_manager
-from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
-from rollout.engines.scripted import ScriptedEngine
-from rollout.episode import EpisodeConfig, run_episode
-from rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
 from tests.conftest import WORLD_BASE
 from tests.tools_for_tests import SlowTool
+from turnstile.envs.env import EnvConfig
+from turnstile.envs.protocol import FINAL_ANSWER_INSTRUCTION, render_tool_call
+from turnstile.envs.synthetic.evaluate import answer_matches
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.cache import CacheConfig
+from turnstile.envs.tools.toolbox import Toolbox, ToolboxConfig
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.context import ContextConfig, build_context_manager
+from turnstile.rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.scripted import ScriptedEngine
+from turnstile.rollout.episode import EpisodeConfig, run_episode
+from turnstile.rollout.trajectory import StopReason, Trajectory, load_trajectories, save_trajectories
 
 BASE = WORLD_BASE
 
@@ -327,8 +327,8 @@ async def test_real_tools_mono_and_iter_research(chat: ChatFormat, tmp_path: Pat
     """Corpus server, real search + visit (Chromium for JavaScript pages), 100+ tool calls."""
     from urllib.parse import urlsplit
 
-    from envs.corpus_server import CorpusServer
-    from envs.toolset import ToolsConfig, build_toolbox
+    from turnstile.envs.corpus_server import CorpusServer
+    from turnstile.envs.toolset import ToolsConfig, build_toolbox
 
     world = generate_world(WorldConfig(seed=0))
     with CorpusServer(world_documents(world)) as server:
@@ -361,7 +361,7 @@ async def test_real_tools_mono_and_iter_research(chat: ChatFormat, tmp_path: Pat
 async def test_any_failure_ends_the_episode_as_error_not_a_raise(chat: ChatFormat, tasks: list[Task],
                                                                  toolbox: Toolbox, expert: ScriptedEngine,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from rollout.context import Mono
+    from turnstile.rollout.context import Mono
 
     calls = {"n": 0}
     real = Mono.next_context

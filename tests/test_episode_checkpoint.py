@@ -13,16 +13,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from envs.env import EnvConfig, SearchBrowseEnv
-from envs.protocol import render_tool_call
-from envs.tasks import Task
-from envs.tools.toolbox import Toolbox
-from rollout.chat import ChatFormat
-from rollout.context import ContextConfig, build_context_manager
-from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
-from rollout.episode import Checkpointing, EpisodeConfig, EpisodeState, run_episode
-from rollout.trajectory import StopReason, Trajectory
 from tests.test_episode import Policy, assert_token_invariant, chain
+from turnstile.envs.env import EnvConfig, SearchBrowseEnv
+from turnstile.envs.protocol import render_tool_call
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.context import ContextConfig, build_context_manager
+from turnstile.rollout.engines.base import FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.episode import Checkpointing, EpisodeConfig, EpisodeState, run_episode
+from turnstile.rollout.trajectory import StopReason, Trajectory
 
 
 class ContextPolicy(Policy):
@@ -112,7 +112,7 @@ async def test_a_failing_save_is_counted_and_the_episode_goes_on(chat: ChatForma
 
 async def test_a_store_that_lost_the_run_stops_the_episode(chat: ChatFormat, tasks: list[Task],
                                                           toolbox: Toolbox) -> None:
-    from rollout.store import StoreDataLostError
+    from turnstile.rollout.store import StoreDataLostError
 
     async def save(state: EpisodeState) -> None:
         raise StoreDataLostError("the run's marker is gone: Redis restarted without its data")

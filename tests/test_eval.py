@@ -15,17 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli.config import load_config
-from cluster.jobs.eval import BenchmarkConfig, EvalJob, judge, result_row, run_synthesis, summarize_results
-from cluster.jobs.eval_metrics import pass_at_k
-from cluster.jobs.synthesis import SynthesisConfig
-from envs.chat_client import ChatClientConfig
-from envs.datasets.registry import DatasetConfig, load_tasks
-from envs.plugins import PluginSpec
-from envs.protocol import StopReason
-from envs.tasks import Task
-from rollout.trajectory import Segment, Trajectory, Turn, load_trajectories
 from tests.openai_server import Reply, chat_server
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.eval import BenchmarkConfig, EvalJob, judge, result_row, run_synthesis, summarize_results
+from turnstile.cluster.jobs.eval_metrics import pass_at_k
+from turnstile.cluster.jobs.synthesis import SynthesisConfig
+from turnstile.envs.chat_client import ChatClientConfig
+from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.protocol import StopReason
+from turnstile.envs.tasks import Task
+from turnstile.rollout.trajectory import Segment, Trajectory, Turn, load_trajectories
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def test_an_eval_where_every_sample_fails_exits_nonzero_saying_why(tmp_path: Pat
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from cluster.cli.commands import eval as command
+    from turnstile.cluster.cli.commands import eval as command
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
@@ -242,9 +242,9 @@ def test_the_policy_itself_synthesizes_on_its_own_engine_within_its_context_budg
     """synthesizer=policy: one replica of the evaluated engine (here the openai engine, so the prompt
     it was given can be read at the server) answers from the reports, the reports' beginnings cut
     so the prompt fits the episode's budget."""
-    from cluster.jobs.defaults import default_rollout
-    from rollout.chat import ChatFormat
-    from rollout.model_store import resolve_model
+    from turnstile.cluster.jobs.defaults import default_rollout
+    from turnstile.rollout.chat import ChatFormat
+    from turnstile.rollout.model_store import resolve_model
 
     bench = BenchmarkConfig(DatasetConfig(kind="jsonl", path="x"), name="qa")
     tasks = [Task(id=f"t{i}", question=f"Who founded company {i}?", answers=(f"Founder {i}",)) for i in range(2)]
@@ -280,9 +280,9 @@ def test_the_policy_itself_synthesizes_on_its_own_engine_within_its_context_budg
 
 
 def test_a_synthesis_prompt_that_cannot_fit_is_that_questions_failure(tmp_path: Path) -> None:
-    from cluster.jobs.synthesis import fitted_prompt
-    from rollout.chat import ChatFormat
-    from rollout.model_store import resolve_model
+    from turnstile.cluster.jobs.synthesis import fitted_prompt
+    from turnstile.rollout.chat import ChatFormat
+    from turnstile.rollout.model_store import resolve_model
 
     chat = ChatFormat.from_pretrained(resolve_model("tiny-qwen3"))
     ids = fitted_prompt(chat, "Who?", ["x" * 9000, "y" * 9000], 400)

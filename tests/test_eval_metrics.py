@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cluster.jobs.eval_metrics import benchmark_scores, maj_at_k, mean_interval, pass_at_k
+from turnstile.cluster.jobs.eval_metrics import benchmark_scores, maj_at_k, mean_interval, pass_at_k
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import pytest
 
-from envs.answers import answer_matches
-from envs.env import EnvConfig
-from envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, parse_turn
-from envs.synthetic.evaluate import evaluate_expert, run_expert_episode
-from envs.synthetic.expert import ExpertConfig, ScriptedExpert
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import World, WorldConfig, generate_world
-from envs.tasks import Task
-from envs.tools.toolbox import Toolbox
-from rollout.engines.config import ScriptedEngineConfig
 from tests.tools_for_tests import memory_toolbox
+from turnstile.envs.answers import answer_matches
+from turnstile.envs.env import EnvConfig
+from turnstile.envs.protocol import FINAL_ANSWER_INSTRUCTION, TurnKind, parse_turn
+from turnstile.envs.synthetic.evaluate import evaluate_expert, run_expert_episode
+from turnstile.envs.synthetic.expert import ExpertConfig, ScriptedExpert
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import World, WorldConfig, generate_world
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.rollout.engines.config import ScriptedEngineConfig
 
 BASE = "http://corpus.test"
 
@@ -150,8 +150,8 @@ async def test_expert_through_server_env_and_real_tools() -> None:
     """A handful of questions end to end, with one 50+ call aggregation and a JavaScript-only page."""
     from urllib.parse import urlsplit
 
-    from envs.corpus_server import CorpusServer
-    from envs.toolset import ToolsConfig, build_toolbox
+    from turnstile.envs.corpus_server import CorpusServer
+    from turnstile.envs.toolset import ToolsConfig, build_toolbox
 
     world = generate_world(WorldConfig(seed=0))
     with CorpusServer(world_documents(world)) as server:
@@ -178,10 +178,10 @@ async def test_js_only_page_needs_the_browser() -> None:
     """Static extraction of a JavaScript-only page is empty; the visit tool (Chromium) reads it all."""
     from urllib.parse import urlsplit
 
-    from envs.corpus_server import CorpusServer
-    from envs.synthetic.render import article, line_text
-    from envs.visit.guard import GuardConfig
-    from envs.visit.tool import VisitConfig, VisitTool
+    from turnstile.envs.corpus_server import CorpusServer
+    from turnstile.envs.synthetic.render import article, line_text
+    from turnstile.envs.visit.guard import GuardConfig
+    from turnstile.envs.visit.tool import VisitConfig, VisitTool
 
     world = generate_world(WorldConfig(seed=0))
     entity = next(e for e in world.hubs() if e.js_only) if any(h.js_only for h in world.hubs()) \
@@ -216,7 +216,7 @@ async def test_acceptance_200_questions() -> None:
 def test_expert_command_prints_the_report(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from cluster.cli.commands import expert as command
+    from turnstile.cluster.cli.commands import expert as command
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
@@ -231,7 +231,7 @@ def test_expert_command_prints_the_report(capsys: pytest.CaptureFixture[str]) ->
 async def test_follows_the_clue_chains_of_hotpotqa_through_the_tools(shared_data) -> None:  # noqa: ANN001
     """On a data set with evidence (HotpotQA), the expert is an oracle: it searches each clue's page by
     its title, opens the listed result at the clue's address (many hold parentheses) and answers."""
-    from envs.datasets.hotpotqa import read_hotpotqa
+    from turnstile.envs.datasets.hotpotqa import read_hotpotqa
 
     loaded = read_hotpotqa(shared_data / "multihop/hotpotqa_dev500.jsonl", f"{BASE}/wiki/")
     toolbox = memory_toolbox(loaded.corpus)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.jobs.run import TrainJob, trainable
-from envs.tools.base import Fault
-from rollout.faults import VERDICT_KEY, FaultConfig, environment_verdict
-from rollout.trajectory import Segment, StopReason, Trajectory, Turn
+from turnstile.cluster.jobs.run import TrainJob, trainable
+from turnstile.envs.tools.base import Fault
+from turnstile.rollout.faults import VERDICT_KEY, FaultConfig, environment_verdict
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 
 def turn(index: int, fault: Fault | None = None, *, tool: str | None = "search", error: str = "timeout") -> Turn:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from envs.files import atomic_directory, atomic_path, atomic_write
+from turnstile.envs.files import atomic_directory, atomic_path, atomic_write
 
 
 class Interrupted(Exception):

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import fleet_sim
-from cluster.fleet.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
-from rollout.fleet import EngineRouter
+from turnstile.cluster.fleet.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
+from turnstile.rollout.fleet import EngineRouter
 
 
 def test_an_episode_stays_on_its_replica_until_it_is_much_busier_than_the_least_loaded() -> None:

@@ -2,8 +2,8 @@
 
 Trajectories come from the episode loop with the real search tool over the synthetic world and the
 in-memory visit tool of ``tests/test_episode.py``. The reference for every value is
-:class:`~rewards.information_gain.scorers.PerPrefixScorer` (a full forward per boundary); the KV-cached scorer and
-the engine scorers must equal it within 1e-4. The vLLM comparison is an integration test (one vLLM
+:class:`~turnstile.rewards.information_gain.scorers.PerPrefixScorer` (a full forward per boundary); the KV-cached
+scorer and the engine scorers must equal it within 1e-4. The vLLM comparison is an integration test (one vLLM
 engine for the module): ``pytest -m integration tests/test_information_gain.py``.
 """
 
@@ -24,16 +24,18 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from envs.protocol import render_answer, render_tool_call
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import WorldConfig, generate_world
-from envs.tasks import Task
-from envs.tools.toolbox import Toolbox
-from learner.credit import IgpoOptions, build_estimator
-from learner.credit.assign import assign_credit
-from rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
-from rewards.information_gain.values import (
+from tests.test_episode import BASE, chain, episode, smallest_aggregate
+from tests.tools_for_tests import memory_toolbox
+from turnstile.envs.protocol import render_answer, render_tool_call
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.learner.credit import IgpoOptions, build_estimator
+from turnstile.learner.credit.assign import assign_credit
+from turnstile.rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
+from turnstile.rewards.information_gain.values import (
     LEAD_TEXT,
     TAIL_TEXT,
     EngineGoldScorer,
@@ -44,15 +46,13 @@ from rewards.information_gain.values import (
     pseudo_response,
     segment_boundaries,
 )
-from rollout.chat import ChatFormat
-from rollout.engines.config import EngineConfig, VllmEngineConfig
-from rollout.engines.hf import HFEngine
-from rollout.engines.scripted import ScriptedEngine
-from rollout.engines.vllm import VllmEngine
-from rollout.model_store import ensure_default_model
-from rollout.trajectory import Segment, StopReason, Trajectory, Turn
-from tests.test_episode import BASE, chain, episode, smallest_aggregate
-from tests.tools_for_tests import memory_toolbox
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.config import EngineConfig, VllmEngineConfig
+from turnstile.rollout.engines.hf import HFEngine
+from turnstile.rollout.engines.scripted import ScriptedEngine
+from turnstile.rollout.engines.vllm import VllmEngine
+from turnstile.rollout.model_store import ensure_default_model
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 ATOL = 1e-4  # docs/algorithms.md §4: equal to the naive per-prefix computation within 1e-4
 MAX_MODEL_LEN = 8192  # the longest trajectory here (a 3-hop mono chain) is about 4k tokens
@@ -227,7 +227,7 @@ async def test_a_gold_answer_without_tokens_disables_ig(
         replace(segment, turns=[replace(turn, ig_value=-1.0) for turn in segment.turns])
         for segment in mono.segments])
     scorer = CountingScorer(HFInformationGainScorer(model))
-    with caplog.at_level(logging.WARNING, logger="rewards.information_gain.values"):
+    with caplog.at_level(logging.WARNING, logger="turnstile.rewards.information_gain.values"):
         assert await information_gain_values(trajectory, chat, scorer) is None
     assert scorer.calls == 0
     assert all(turn.ig_value is None for turn in trajectory.turns)
@@ -480,9 +480,9 @@ def _perturbed(scale: float) -> dict[str, torch.Tensor]:
 
 async def test_ig_scores_with_the_generating_version_or_the_closest_kept(mono: Trajectory,
                                                                           tmp_path: Path) -> None:
-    from learner.publish import WeightsArchive
-    from rewards.information_gain.plugin import InformationGain, InformationGainConfig
-    from rollout.model_store import closest_version, kept_versions
+    from turnstile.learner.publish import WeightsArchive
+    from turnstile.rewards.information_gain.plugin import InformationGain, InformationGainConfig
+    from turnstile.rollout.model_store import closest_version, kept_versions
 
     archive = WeightsArchive(tmp_path / "weights", ensure_default_model(), keep=3)
     assert sorted(kept_versions(archive.root)) == [0]  # version 0 is the base model
@@ -520,8 +520,8 @@ async def test_a_real_pretrained_model_gains_from_the_page_that_holds_the_answer
     answer likelier (v rises) on most questions: the signal IGPO rewards, from a real model."""
     import json
 
-    from learner.sft import chat_trajectories
-    from rollout.model_store import resolve_model
+    from turnstile.learner.sft import chat_trajectories
+    from turnstile.rollout.model_store import resolve_model
 
     path = resolve_model("smollm2-135m-instruct")
     real_chat = ChatFormat.from_pretrained(path)

@@ -14,8 +14,8 @@ from pathlib import Path
 import ray
 import yaml
 
-from cluster.cli.config import load_config
-from cluster.jobs.run import TrainJob
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.run import TrainJob
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "cluster" / "k8s"

@@ -11,18 +11,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("envs", "rollout", "rewards", "learner", "cluster")
-LAYERS = ("envs", "rollout", "rewards", "learner", "cluster.fleet", "cluster.jobs", "cluster.recipes",
-          "cluster.tools", "cluster.cli")
-RECIPES = "cluster.recipes"
-RUNS_RECIPES = {"cluster.cli.commands.build_model"}  # the command that builds a model by its recipe
+PACKAGES = ("envs", "rollout", "rewards", "learner", "cluster")  # the folders, installed as turnstile.<folder>
+LAYERS = tuple(f"turnstile.{name}" for name in ("envs", "rollout", "rewards", "learner", "cluster.fleet",
+                                                "cluster.jobs", "cluster.recipes", "cluster.tools", "cluster.cli"))
+RECIPES = "turnstile.cluster.recipes"
+RUNS_RECIPES = {"turnstile.cluster.cli.commands.build_model"}  # the command that builds a model by its recipe
 
 
 def modules() -> dict[str, Path]:
     found = {}
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            name = ".".join(("turnstile", *path.relative_to(ROOT).with_suffix("").parts))
             found[name.removesuffix(".__init__")] = path
     return found
 
@@ -51,8 +51,8 @@ def graph() -> dict[str, set[str]]:
 def layer(module: str) -> int:
     """The index in :data:`LAYERS` of the layer ``module`` belongs to."""
     found = [i for i, name in enumerate(LAYERS) if module == name or module.startswith(f"{name}.")]
-    assert found or module == "cluster", f"{module} is in no layer: give its folder a place in LAYERS"
-    return found[0] if found else LAYERS.index("cluster.fleet")
+    assert found or module == "turnstile.cluster", f"{module} is in no layer: give its folder a place in LAYERS"
+    return found[0] if found else LAYERS.index("turnstile.cluster.fleet")
 
 
 def test_every_cluster_module_has_a_role() -> None:

@@ -17,15 +17,15 @@ import pytest
 import pytest_asyncio
 import torch
 
-from cluster.cli.config import load_config
-from cluster.jobs.score import ScoreJob, score_saved
-from learner.batch import Sample
-from learner.credit.registry import build_estimator, estimator_class
-from learner.publish import PublishError, publish, write_checkpoint
-from learner.trainer import Learner, LearnerConfig, LearnerError, rank_major_layout
-from rollout.engines.base import SamplingParams
-from rollout.trajectory import load_trajectories
 from tests.test_score import EXAMPLE, saved  # noqa: F401 - fixture
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.score import ScoreJob, score_saved
+from turnstile.learner.batch import Sample
+from turnstile.learner.credit.registry import build_estimator, estimator_class
+from turnstile.learner.publish import PublishError, publish, write_checkpoint
+from turnstile.learner.trainer import Learner, LearnerConfig, LearnerError, rank_major_layout
+from turnstile.rollout.engines.base import SamplingParams
+from turnstile.rollout.trajectory import load_trajectories
 
 pytestmark = [pytest.mark.integration]
 
@@ -176,8 +176,8 @@ def test_write_checkpoint_replaces_atomically(tmp_path: Path) -> None:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def vllm_engine():  # noqa: ANN201
-    from rollout.engines.config import EngineConfig, VllmEngineConfig
-    from rollout.engines.vllm import VllmEngine
+    from turnstile.rollout.engines.config import EngineConfig, VllmEngineConfig
+    from turnstile.rollout.engines.vllm import VllmEngine
 
     engine = VllmEngine.from_config(EngineConfig(
         kind="vllm", model="", dtype="float32", seed=0, max_model_len=4096,
@@ -280,7 +280,7 @@ def test_cpu_log_probs_match_verl_row_loop() -> None:
     values and gradients."""
     from verl.utils import torch_functional
 
-    from learner import verl_cpu
+    from turnstile.learner import verl_cpu
 
     verl_cpu._whole_tensor_log_probs()
     generator = torch.Generator().manual_seed(3)
@@ -326,10 +326,10 @@ def test_one_update_of_a_real_pretrained_model(ray_local: None) -> None:
     now computes: a transformers copy loaded with them gives the learner's log-probs."""
     from transformers import AutoModelForCausalLM
 
-    from learner.sft import chat_trajectories
-    from rollout.chat import ChatFormat
-    from rollout.model_store import resolve_model
     from tests.test_sft import ROW
+    from turnstile.learner.sft import chat_trajectories
+    from turnstile.rollout.chat import ChatFormat
+    from turnstile.rollout.model_store import resolve_model
 
     path = resolve_model("smollm2-135m-instruct")
     (trajectory,) = chat_trajectories([(1, ROW)], ChatFormat.from_pretrained(path))

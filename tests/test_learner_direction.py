@@ -17,8 +17,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from learner.batch import Sample
-from learner.trainer import Learner, LearnerConfig
+from turnstile.learner.batch import Sample
+from turnstile.learner.trainer import Learner, LearnerConfig
 
 pytestmark = [pytest.mark.integration]
 

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from learner.batch import collate
-from learner.head import head_values, trained_positions
-from learner.trainer import Learner, LearnerConfig
 from tests.test_learner import random_samples
+from turnstile.learner.batch import collate
+from turnstile.learner.head import head_values, trained_positions
+from turnstile.learner.trainer import Learner, LearnerConfig
 
 
 def micro_batch(samples: list) -> object:
@@ -40,7 +40,7 @@ def test_the_trained_positions_are_those_that_predict_a_policy_token() -> None:
 def test_chunks_give_the_whole_tensor_values_and_gradients(chunk: int, entropy: bool) -> None:
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
-    from learner import verl_cpu
+    from turnstile.learner import verl_cpu
 
     verl_cpu._whole_tensor_log_probs()  # as on the CPU learner
     generator = torch.Generator().manual_seed(chunk)
@@ -113,7 +113,7 @@ def test_with_sequence_parallelism_each_rank_marks_its_slice_of_the_labels(
 
     from verl.utils import ulysses
 
-    from learner.head import packed_trained
+    from turnstile.learner.head import packed_trained
 
     batch = micro_batch(random_samples(3, seed=9))
     flat = trained_positions(batch)

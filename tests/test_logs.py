@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 WORKER = """
 import logging, os, subprocess, sys
 os.environ["TURNSTILE_LOG_DIR"] = sys.argv[1]
-from cluster.fleet.logs import redirect_worker_output
+from turnstile.cluster.fleet.logs import redirect_worker_output
 print("before the hook")
 sys.stdout.flush()
 redirect_worker_output()
@@ -90,7 +90,7 @@ def test_a_train_run_on_a_terminal_shows_the_live_view_and_not_the_workers_start
     stage, the steps' table) and the evaluations, the vLLM/veRL workers' output in OUT/logs/, and
     the last lines say where everything is."""
     out = tmp_path / "run"
-    code, console = on_a_terminal([sys.executable, "-c", "from cluster.cli import main; main()", "train",
+    code, console = on_a_terminal([sys.executable, "-c", "from turnstile.cluster.cli import main; main()", "train",
                                    "--config", str(EXAMPLE), *SMALL, "steps=2", "eval_every=2", f"out={out}",
                                    "rollout.ray.num_cpus=4"], timeout=600)
     assert code == 0, console[-3000:]
@@ -116,7 +116,7 @@ def test_a_train_run_on_a_terminal_shows_the_live_view_and_not_the_workers_start
 def test_off_a_terminal_the_same_run_prints_plain_step_lines(tmp_path: Path) -> None:
     """With --no-progress (or a pipe) the steps are two plain lines each, nothing redrawn."""
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-c", "from cluster.cli import main; main()", "train", "--config",
+    done = subprocess.run([sys.executable, "-c", "from turnstile.cluster.cli import main; main()", "train", "--config",
                            str(EXAMPLE), "--no-progress", *SMALL, "steps=1", "eval_every=0", f"out={out}",
                            "rollout.ray.num_cpus=4"],
                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600,

@@ -15,17 +15,17 @@ import pytest
 from ray.util.metrics import Metric
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cluster.cli.config import load_config
-from cluster.jobs.metrics import (
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.metrics import (
     MetricsConfig,
     MetricsError,
     MetricsSink,
     render,
     step_metrics,
 )
-from learner.trainer import StepReport
-from rollout.summary import is_correct
-from rollout.trajectory import Segment, StopReason, Trajectory, Turn
+from turnstile.learner.trainer import StepReport
+from turnstile.rollout.summary import is_correct
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 
 def turn(index: int, *, response: int, observation: int, version: int, ok: bool = True,
@@ -297,7 +297,7 @@ def test_ray_metrics_with_ray(ray_local: None, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_wilson_interval_and_paired_difference() -> None:
-    from cluster.jobs.metrics import paired_difference, wilson_interval
+    from turnstile.cluster.jobs.metrics import paired_difference, wilson_interval
 
     assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
     assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)

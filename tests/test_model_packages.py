@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout.model_packages import PACKAGED_MODELS, PackageMissing, build_packaged_model, packaged_file
-from rollout.model_store import BUILD_INFO, resolve_model
+from turnstile.rollout.model_packages import PACKAGED_MODELS, PackageMissing, build_packaged_model, packaged_file
+from turnstile.rollout.model_store import BUILD_INFO, resolve_model
 
 NAME = "smollm2-135m-instruct"
 
@@ -49,7 +49,7 @@ def test_the_packaged_model_is_an_ordinary_model_directory_that_knows_paris() ->
 
 def test_without_its_package_the_build_is_refused_with_the_install_command(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from cluster.cli import main
+    from turnstile.cluster.cli import main
 
     real = importlib.metadata.distribution
 

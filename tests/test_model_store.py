@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollout.model_store import (
+from turnstile.rollout.model_store import (
     BUILD_INFO,
     PROTOCOL_TOKENS,
     TinyModelSpec,
@@ -60,7 +60,7 @@ def test_refuses_to_overwrite(model_dir: Path) -> None:
 
 
 def test_concurrent_first_use_builds_once(tmp_path: Path) -> None:
-    code = ("from rollout.model_store import ensure_default_model, TinyModelSpec as S;"
+    code = ("from turnstile.rollout.model_store import ensure_default_model, TinyModelSpec as S;"
             "print(ensure_default_model(S(name='race', hidden_size=32, intermediate_size=64,"
             " num_hidden_layers=1, head_dim=8, tokenizer_world_entities=3000)))")
     env = {"TURNSTILE_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from benchmarks.placebo import TRUE_OUTCOME
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from rewards.base import build_reward
-from rollout.trajectory import Trajectory
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.rewards.base import build_reward
+from turnstile.rollout.trajectory import Trajectory
 
 PLACEBO = "benchmarks.placebo:ShuffledOutcomes"
 

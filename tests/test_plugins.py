@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli import main
-from envs.datasets.registry import DatasetConfig, load_tasks
-from envs.plugins import PluginError, PluginSpec, Registry, typed_options
-from learner.credit import build_estimator, estimator_class
-from rewards.base import RewardError, build_reward, resolve_reward
-from rollout.engines.config import EngineConfig
-from rollout.engines.registry import build_engine, weight_sync
-from rollout.trajectory import Segment, StopReason, Trajectory
 from tests import user_plugins
+from turnstile.cluster.cli import main
+from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
+from turnstile.envs.plugins import PluginError, PluginSpec, Registry, typed_options
+from turnstile.learner.credit import build_estimator, estimator_class
+from turnstile.rewards.base import RewardError, build_reward, resolve_reward
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.registry import build_engine, weight_sync
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "credit"
 

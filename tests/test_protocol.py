@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from envs.protocol import (
+from turnstile.envs.protocol import (
     TurnKind,
     parse_turn,
     render_answer,
@@ -129,7 +129,7 @@ def test_hostile_tool_calls_are_malformed_turns(body: str, error: str) -> None:
 
 
 def test_size_limit_is_checked_before_any_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    import envs.protocol as protocol
+    import turnstile.envs.protocol as protocol
 
     def refuse(*_: object, **__: object) -> object:
         raise AssertionError("a parser ran on an oversized or long non-JSON call")
@@ -143,7 +143,7 @@ def test_size_limit_is_checked_before_any_parser(monkeypatch: pytest.MonkeyPatch
 
 
 def test_long_lenient_call_needs_strict_json(monkeypatch: pytest.MonkeyPatch) -> None:
-    import envs.protocol as protocol
+    import turnstile.envs.protocol as protocol
 
     calls: list[int] = []
     real = protocol.json5.loads

@@ -29,12 +29,13 @@ import pytest
 import pytest_asyncio
 import ray
 
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from envs.tools.toolbox import Toolbox
-from rewards.apply import score_groups
-from rewards.base import RewardError, RewardPlugin
-from rewards.service import (
+from tests.test_episode import Stubborn, chain, episode
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.rewards.apply import score_groups
+from turnstile.rewards.base import RewardError, RewardPlugin
+from turnstile.rewards.service import (
     LEARNER_GROUP,
     MISSING_TASK,
     REWARD_GROUP,
@@ -44,11 +45,10 @@ from rewards.service import (
     RewardServiceConfig,
     RewardWorkerConfig,
 )
-from rollout.chat import ChatFormat
-from rollout.engines.scripted import ScriptedEngine
-from rollout.store import FINISHED, SCORED, StoreConfig, TrajectoryStore, build_store
-from rollout.trajectory import Trajectory
-from tests.test_episode import Stubborn, chain, episode
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.scripted import ScriptedEngine
+from turnstile.rollout.store import FINISHED, SCORED, StoreConfig, TrajectoryStore, build_store
+from turnstile.rollout.trajectory import Trajectory
 
 MEMORY_ACTOR = "turnstile-store-reward-tests"
 BACKENDS = [pytest.param(kind, id=kind, marks=pytest.mark.integration) for kind in ("memory", "redis")]

@@ -7,11 +7,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import ClassVar
 
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from rewards.apply import score_groups
-from rewards.base import RewardPlugin
-from rollout.trajectory import Segment, StopReason, Trajectory, Turn
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.rewards.apply import score_groups
+from turnstile.rewards.base import RewardPlugin
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 
 @dataclass
@@ -72,10 +72,10 @@ def test_a_plugin_past_its_time_is_a_failure_not_a_hang() -> None:
 
 
 def test_turnstile_score_writes_an_unscored_group_and_credits_the_rest(tmp_path) -> None:  # noqa: ANN001
-    from cluster.jobs.score import ScoreJob, score_file
-    from envs.datasets.registry import DatasetConfig
-    from envs.plugins import PluginSpec
-    from rollout.trajectory import load_trajectories, save_trajectories
+    from turnstile.cluster.jobs.score import ScoreJob, score_file
+    from turnstile.envs.datasets.registry import DatasetConfig
+    from turnstile.envs.plugins import PluginSpec
+    from turnstile.rollout.trajectory import load_trajectories, save_trajectories
 
     source, out = tmp_path / "rollout.jsonl", tmp_path / "scored.jsonl"
     save_trajectories(rollout(), source)

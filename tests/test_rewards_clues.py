@@ -10,27 +10,27 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from envs.chat_client import ChatClient, ChatClientConfig
-from envs.corpus_server import CorpusServer
-from envs.plugins import PluginSpec
-from envs.protocol import render_answer, render_tool_call
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import World, WorldConfig, generate_world
-from envs.tasks import Clue, Task
-from envs.tools.toolbox import Toolbox
-from envs.toolset import ToolsConfig, build_toolbox
-from rewards.base import build_reward
-from rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig, ClueRecoveryError, parse_clues
-from rewards.clues import ClueMatcher, ClueSteps, ClueStepsConfig, heuristic_events, step_score
-from rollout.chat import ChatFormat
-from rollout.engines.scripted import ScriptedEngine
-from rollout.model_store import ensure_default_model
-from rollout.trajectory import StopReason, Trajectory
 from tests.openai_server import Reply, chat_server, replies_in_order
 from tests.test_episode import BASE, chain, episode, smallest_aggregate
 from tests.test_rewards_format import TASK, make_trajectory, make_turn
 from tests.tools_for_tests import memory_toolbox
+from turnstile.envs.chat_client import ChatClient, ChatClientConfig
+from turnstile.envs.corpus_server import CorpusServer
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.protocol import render_answer, render_tool_call
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import World, WorldConfig, generate_world
+from turnstile.envs.tasks import Clue, Task
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.envs.toolset import ToolsConfig, build_toolbox
+from turnstile.rewards.base import build_reward
+from turnstile.rewards.clue_recovery import ClueRecoverer, ClueRecoveryConfig, ClueRecoveryError, parse_clues
+from turnstile.rewards.clues import ClueMatcher, ClueSteps, ClueStepsConfig, heuristic_events, step_score
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.scripted import ScriptedEngine
+from turnstile.rollout.model_store import ensure_default_model
+from turnstile.rollout.trajectory import StopReason, Trajectory
 
 # ---- the score rule (worked example E3) ----------------------------------------------------------
 
@@ -153,7 +153,7 @@ async def test_expert_chains_get_the_events_of_their_clue_chain(chat: ChatFormat
     task = chain(tasks, hops)
     trajectory = await episode(task, ScriptedEngine(chat, tasks=tasks), toolbox, chat)
     assert trajectory.stop_reason is StopReason.ANSWERED
-    plugin = build_reward(PluginSpec("rewards.clues:ClueSteps"))
+    plugin = build_reward(PluginSpec("turnstile.rewards.clues:ClueSteps"))
     await plugin.score(trajectory, task)
     events_T = [turn.events for turn in trajectory.turns]
     assert_chain_events(trajectory, task, events_T)
@@ -212,7 +212,7 @@ def llm_plugin(base_url: str, turns_per_call: int = 20) -> ClueSteps:
     options = {"judge": "llm", "llm": {"turns_per_call": turns_per_call},
                "client": {"base_url": base_url, "model": "step-judge", "api_key_env": "",
                           "backoff_s": 0.01}}
-    plugin = build_reward(PluginSpec("rewards.clues:ClueSteps", options))  # type: ignore[arg-type]
+    plugin = build_reward(PluginSpec("turnstile.rewards.clues:ClueSteps", options))  # type: ignore[arg-type]
     assert isinstance(plugin, ClueSteps)
     return plugin
 

@@ -18,12 +18,15 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import WorldConfig, generate_world
-from envs.tasks import Task
-from envs.tools.base import JsonValue
-from rewards.base import (
+from tests.openai_server import ChatServer, Reply, chat_server
+from tests.test_episode import BASE, chain, episode
+from tests.tools_for_tests import memory_toolbox
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import JsonValue
+from turnstile.rewards.base import (
     ENTRY_POINT_GROUP,
     REWARDS,
     PluginSpec,
@@ -32,22 +35,19 @@ from rewards.base import (
     build_reward,
     resolve_reward,
 )
-from rollout.chat import ChatFormat
-from rollout.engines.scripted import ScriptedEngine
-from rollout.model_store import ensure_default_model
-from rollout.trajectory import Trajectory
-from tests.openai_server import ChatServer, Reply, chat_server
-from tests.test_episode import BASE, chain, episode
-from tests.tools_for_tests import memory_toolbox
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.scripted import ScriptedEngine
+from turnstile.rollout.model_store import ensure_default_model
+from turnstile.rollout.trajectory import Trajectory
 
 # The plugins this package declares in pyproject.toml under [project.entry-points."turnstile.rewards"].
 BUILTIN = {
-    "exact_match": "rewards.outcome:ExactMatch",
-    "f1": "rewards.outcome:TokenF1",
-    "llm_judge": "rewards.outcome:LlmJudge",
-    "format": "rewards.format:FormatPenalty",
-    "clue_steps": "rewards.clues:ClueSteps",
-    "information_gain": "rewards.information_gain.plugin:InformationGain",
+    "exact_match": "turnstile.rewards.outcome:ExactMatch",
+    "f1": "turnstile.rewards.outcome:TokenF1",
+    "llm_judge": "turnstile.rewards.outcome:LlmJudge",
+    "format": "turnstile.rewards.format:FormatPenalty",
+    "clue_steps": "turnstile.rewards.clues:ClueSteps",
+    "information_gain": "turnstile.rewards.information_gain.plugin:InformationGain",
 }
 
 
@@ -141,14 +141,14 @@ def test_unknown_kinds_say_what_to_do() -> None:
     with pytest.raises(RewardError, match=r"unknown reward kind 'no_such_reward'; known: .*exact_match"):
         resolve_reward("no_such_reward")
     with pytest.raises(RewardError, match="cannot load 'Nope'"):
-        resolve_reward("rewards.outcome:Nope")
+        resolve_reward("turnstile.rewards.outcome:Nope")
     with pytest.raises(RewardError, match="not a RewardPlugin"):
-        resolve_reward("rewards.outcome:token_f1")
+        resolve_reward("turnstile.rewards.outcome:token_f1")
 
 
 async def test_in_process_registration() -> None:
-    from rewards.base import register_reward
-    from rewards.format import FormatPenalty
+    from turnstile.rewards.base import register_reward
+    from turnstile.rewards.format import FormatPenalty
 
     @register_reward("test_double_penalty")
     class DoublePenalty(FormatPenalty):

@@ -7,15 +7,15 @@ from collections.abc import Sequence
 
 import pytest
 
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from rewards.base import RewardError, build_reward
-from rewards.format import (
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.rewards.base import RewardError, build_reward
+from turnstile.rewards.format import (
     FormatConfig,
     FormatPenalty,
     final_turn_penalty,
 )
-from rollout.trajectory import Segment, StopReason, Trajectory, Turn
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 TASK = Task("t1", "Who founded Varnholt?", ("Ada Varn", "A. Varn"))
 
@@ -64,14 +64,14 @@ async def test_the_last_turn_is_never_penalised_at_turn_level() -> None:
 
 
 async def test_lambda_is_configurable_and_checked() -> None:
-    plugin = build_reward(PluginSpec("rewards.format:FormatPenalty", {"lambda_fmt": 0.5}))
+    plugin = build_reward(PluginSpec("turnstile.rewards.format:FormatPenalty", {"lambda_fmt": 0.5}))
     trajectory = answered("Ada Varn", 0)
     await plugin.score(trajectory, TASK)
     assert trajectory.turns[0].reward == -0.5
     with pytest.raises(RewardError, match="lambda_fmt must be >= 0"):
-        build_reward(PluginSpec("rewards.format:FormatPenalty", {"lambda_fmt": -1}))
+        build_reward(PluginSpec("turnstile.rewards.format:FormatPenalty", {"lambda_fmt": -1}))
     with pytest.raises(RewardError, match="unknown option 'lamda_fmt'"):
-        build_reward(PluginSpec("rewards.format:FormatPenalty", {"lamda_fmt": 1}))
+        build_reward(PluginSpec("turnstile.rewards.format:FormatPenalty", {"lamda_fmt": 1}))
 
 
 @pytest.mark.parametrize("stop", [StopReason.NO_ANSWER, StopReason.CONTEXT_OVERFLOW,

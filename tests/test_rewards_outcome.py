@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from envs.chat_client import ChatClientConfig
-from envs.plugins import PluginSpec
-from rewards.base import RewardError, build_reward
-from rewards.outcome import (
+from tests.openai_server import Reply, chat_server, replies_in_order
+from tests.test_rewards_format import TASK, answered, make_trajectory, make_turn
+from turnstile.envs.chat_client import ChatClientConfig
+from turnstile.envs.plugins import PluginSpec
+from turnstile.rewards.base import RewardError, build_reward
+from turnstile.rewards.outcome import (
     ExactMatch,
     LlmJudge,
     LlmJudgeConfig,
@@ -18,9 +20,7 @@ from rewards.outcome import (
     parse_verdict,
     token_f1,
 )
-from rollout.trajectory import StopReason
-from tests.openai_server import Reply, chat_server, replies_in_order
-from tests.test_rewards_format import TASK, answered, make_trajectory, make_turn
+from turnstile.rollout.trajectory import StopReason
 
 
 @pytest.mark.parametrize(("answer", "expected"), [
@@ -68,7 +68,7 @@ async def test_unanswered_and_malformed_answers_get_minus_lambda() -> None:
 def judge(base_url: str, **client: float | str) -> LlmJudge:
     options = {"client": {"base_url": base_url, "model": "grader", "api_key_env": "",
                           "backoff_s": 0.01, **client}}
-    plugin = build_reward(PluginSpec("rewards.outcome:LlmJudge", options))  # type: ignore[arg-type]
+    plugin = build_reward(PluginSpec("turnstile.rewards.outcome:LlmJudge", options))  # type: ignore[arg-type]
     assert isinstance(plugin, LlmJudge)
     return plugin
 
@@ -130,7 +130,7 @@ async def test_format_rule_comes_before_the_judge() -> None:
 
 def test_judge_temperature_is_capped() -> None:
     with pytest.raises(RewardError, match=r"temperature=0.5 is above 0.1"):
-        build_reward(PluginSpec("rewards.outcome:LlmJudge", {"client": {"model": "m",
+        build_reward(PluginSpec("turnstile.rewards.outcome:LlmJudge", {"client": {"model": "m",
                                                                          "temperature": 0.5}}))
     with pytest.raises(ValueError, match=r"above 0.1"):
         LlmJudgeConfig(client=ChatClientConfig(model="m", temperature=0.2))

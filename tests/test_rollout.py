@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli.config import load_config
-from cluster.jobs.rollout import run_rollout
-from cluster.jobs.session import RolloutJob
-from envs.answers import answer_matches
-from rollout.trajectory import StopReason, load_trajectories
 from tests.tools_for_tests import WorkerKiller
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.rollout import run_rollout
+from turnstile.cluster.jobs.session import RolloutJob
+from turnstile.envs.answers import answer_matches
+from turnstile.rollout.trajectory import StopReason, load_trajectories
 
 pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -122,7 +122,7 @@ def test_a_run_where_every_episode_fails_exits_nonzero(ray_local: None, tmp_path
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    from cluster.cli.commands import rollout as command
+    from turnstile.cluster.cli.commands import rollout as command
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)  # the command's own arguments, as the CLI parses them
@@ -141,7 +141,7 @@ def test_an_engine_that_cannot_start_ends_the_run_once_saying_why(ray_local: Non
     with the engine's own reason, instead of failing every episode one by one."""
     import argparse
 
-    from cluster.cli.commands import rollout as command
+    from turnstile.cluster.cli.commands import rollout as command
 
     parser = argparse.ArgumentParser()
     command.add_arguments(parser)
@@ -178,7 +178,7 @@ def test_a_local_ray_keeps_a_bounded_number_of_task_records(monkeypatch: pytest.
 
     import ray
 
-    from cluster.jobs.session import TASK_EVENTS_VARIABLE, RayConfig, init_ray
+    from turnstile.cluster.jobs.session import TASK_EVENTS_VARIABLE, RayConfig, init_ray
 
     started: list[str | None] = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli.config import load_config
-from cluster.fleet import room
-from cluster.fleet.room import ClusterTooSmall, Demand, check_room, shortfall
-from cluster.jobs.run import TrainJob
-from cluster.jobs.train import run_train
 from tests.test_train import EXAMPLE, SMALL
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.fleet import room
+from turnstile.cluster.fleet.room import ClusterTooSmall, Demand, check_room, shortfall
+from turnstile.cluster.jobs.run import TrainJob
+from turnstile.cluster.jobs.train import run_train
 
 ONE_NODE = [{"CPU": 4.0}]
 

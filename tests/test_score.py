@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli import main
-from cluster.cli.config import load_config
-from cluster.jobs.score import ScoreJob, score_saved
-from rollout.trajectory import load_trajectories, save_trajectories
 from tests.test_episode import BASE, Stubborn, chain, episode
+from turnstile.cluster.cli import main
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.score import ScoreJob, score_saved
+from turnstile.rollout.trajectory import load_trajectories, save_trajectories
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "score.yaml"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from envs.corpus import read_corpus
-from envs.search.base import Document, SearchBackend
-from envs.search.local import DEFAULT_ENGINE, LocalIndex, engine_names
-from envs.tools.base import ToolError
+from turnstile.envs.corpus import read_corpus
+from turnstile.envs.search.base import Document, SearchBackend
+from turnstile.envs.search.local import DEFAULT_ENGINE, LocalIndex, engine_names
+from turnstile.envs.tools.base import ToolError
 
 ENGINES = engine_names()
 

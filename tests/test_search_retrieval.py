@@ -10,10 +10,10 @@ from typing import ClassVar
 
 import pytest
 
-from envs.search.base import SearchBackend, SearchHit
-from envs.search.retrieval import RetrievalServerConfig, RetrievalServerSearch
-from envs.tools.base import ToolError
 from tests.loopback import QuietHandler, serve
+from turnstile.envs.search.base import SearchBackend, SearchHit
+from turnstile.envs.search.retrieval import RetrievalServerConfig, RetrievalServerSearch
+from turnstile.envs.tools.base import ToolError
 
 LONG_BODY = "word " * 200
 

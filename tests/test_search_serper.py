@@ -11,10 +11,10 @@ from typing import ClassVar
 
 import pytest
 
-from envs.search.base import SearchBackend, SearchHit
-from envs.search.serper import SerperConfig, SerperSearch
-from envs.tools.base import Fault, ToolError
 from tests.loopback import QuietHandler, serve
+from turnstile.envs.search.base import SearchBackend, SearchHit
+from turnstile.envs.search.serper import SerperConfig, SerperSearch
+from turnstile.envs.tools.base import Fault, ToolError
 
 KEY_ENV = "TURNSTILE_TEST_SERPER_KEY"
 ORGANIC = [

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from envs.search import tool as search_tool
-from envs.search.base import Document, SearchBackend, SearchHit
-from envs.search.local import LocalIndex
-from envs.search.tool import (
+from turnstile.envs.search import tool as search_tool
+from turnstile.envs.search.base import Document, SearchBackend, SearchHit
+from turnstile.envs.search.local import LocalIndex
+from turnstile.envs.search.tool import (
     LocalIndexConfig,
     SearchConfig,
     SearchTool,
@@ -20,7 +20,7 @@ from envs.search.tool import (
     register_search_backend,
     search_backend_names,
 )
-from envs.tools.base import Tool, ToolError
+from turnstile.envs.tools.base import Tool, ToolError
 
 
 class ScriptedBackend:

@@ -8,20 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli import main
-from envs.datasets.registry import DatasetConfig, load_tasks
-from learner.batch import Sample, abc_sft_turn_weight
-from learner.credit.estimators import abc_sft_weight
-from learner.sft import (
+from turnstile.cluster.cli import main
+from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
+from turnstile.learner.batch import Sample, abc_sft_turn_weight
+from turnstile.learner.credit.estimators import abc_sft_weight
+from turnstile.learner.sft import (
     SftDataError,
     chat_trajectories,
     detect_format,
     load_sft_samples,
 )
-from rollout.chat import ChatFormat
-from rollout.model_store import resolve_model
-from rollout.summary import well_formed_share
-from rollout.trajectory import Segment, Trajectory, Turn, save_trajectories
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.model_store import resolve_model
+from turnstile.rollout.summary import well_formed_share
+from turnstile.rollout.trajectory import Segment, Trajectory, Turn, save_trajectories
 
 ROW = {"messages": [
     {"role": "system", "content": "You research."},
@@ -103,7 +103,7 @@ def test_abc_weighting_and_trajectory_input(tmp_path: Path, chat: ChatFormat) ->
 
 
 def test_a_resumed_sft_takes_the_batches_the_run_would_have_taken_next() -> None:
-    from cluster.jobs.sft import sample_batches
+    from turnstile.cluster.jobs.sft import sample_batches
 
     samples = [Sample(uid=str(i), trajectory=(str(i), 0), segment=0, prompt_ids=[1], response_ids=[2],
                       response_mask=[1], advantages=[0.0], old_log_probs=[0.0], loss_weights=[1.0],

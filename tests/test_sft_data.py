@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli.commands import data as data_command
-from envs.answers import answer_matches
-from envs.chat_client import ChatClientConfig, ChatUnavailable
-from envs.protocol import (
+from tests.conftest import free_port
+from tests.openai_server import Reply, chat_server
+from turnstile.cluster.cli.commands import data as data_command
+from turnstile.envs.answers import answer_matches
+from turnstile.envs.chat_client import ChatClientConfig, ChatUnavailable
+from turnstile.envs.protocol import (
     parse_turn,
     render_answer,
     render_tool_call,
     render_tool_response,
 )
-from learner.sft_data import (
+from turnstile.learner.sft_data import (
     DEFAULT_RESAMPLE,
     DISALLOWED_TURNS,
     EXACT_MATCH,
@@ -54,8 +56,6 @@ from learner.sft_data import (
     schema_mismatch_lines,
     tool_set,
 )
-from tests.conftest import free_port
-from tests.openai_server import Reply, chat_server
 
 Message = dict[str, str]
 
@@ -466,7 +466,7 @@ def run_command(*argv: str) -> int:
 
 
 def test_the_command_is_registered() -> None:
-    from cluster.cli import COMMANDS
+    from turnstile.cluster.cli import COMMANDS
 
     assert "data" in COMMANDS and data_command.NAME == "data"
 

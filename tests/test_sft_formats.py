@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli.commands import data as data_command
-from envs.protocol import parse_turn, render_answer
-from learner.sft_data import CleanConfig, NoReadableRows, clean_file
-from learner.sft_formats import FORMATS, r1_searcher_messages, search_results
+from turnstile.cluster.cli.commands import data as data_command
+from turnstile.envs.protocol import parse_turn, render_answer
+from turnstile.learner.sft_data import CleanConfig, NoReadableRows, clean_file
+from turnstile.learner.sft_formats import FORMATS, r1_searcher_messages, search_results
 
 R1_ROLLOUTS = Path(__file__).parent / "fixtures" / "r1_searcher_rollouts.jsonl"
 Q, Q_END = "<|begin_of_query|>", "<|end_of_query|>"

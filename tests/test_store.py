@@ -25,7 +25,8 @@ import pytest
 import pytest_asyncio
 import ray
 
-from rollout.store import (
+from tests.conftest import free_port
+from turnstile.rollout.store import (
     FINISHED,
     SCORED,
     Claimed,
@@ -34,8 +35,7 @@ from rollout.store import (
     TrajectoryStore,
     build_store,
 )
-from rollout.trajectory import Segment, StopReason, Trajectory, Turn
-from tests.conftest import free_port
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 MEMORY_ACTOR = "turnstile-store-tests"
 BACKENDS = [pytest.param(kind, id=kind, marks=pytest.mark.integration) for kind in ("memory", "redis")]

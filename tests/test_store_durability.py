@@ -26,10 +26,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from cluster.cli import main
-from cluster.cli.config import dump_config, load_config
-from cluster.jobs.run import TrainJob
-from rollout.store import (
+from tests.conftest import free_port
+from tests.test_train import EXAMPLE
+from turnstile.cluster.cli import main
+from turnstile.cluster.cli.config import dump_config, load_config
+from turnstile.cluster.jobs.run import TrainJob
+from turnstile.rollout.store import (
     FINISHED,
     StoreConfig,
     StoreDataLostError,
@@ -40,8 +42,6 @@ from rollout.store import (
     check_durability,
     without_password,
 )
-from tests.conftest import free_port
-from tests.test_train import EXAMPLE
 
 NO_PERSISTENCE = ("--appendonly", "no", "--save", "")
 SNAPSHOTS_ONLY = ("--appendonly", "no", "--save", "3600 1")
@@ -363,7 +363,7 @@ def test_train_refuses_a_redis_without_persistence_before_ray_starts(
     def no_ray(*_: object) -> None:
         raise RayStarted
 
-    monkeypatch.setattr("cluster.jobs.train.init_ray", no_ray)
+    monkeypatch.setattr("turnstile.cluster.jobs.train.init_ray", no_ray)
     server = redis_server(*NO_PERSISTENCE, "--requirepass", PASSWORD)
     out = tmp_path / "run"
     command = ["train", "--config", str(EXAMPLE), "--no-progress", f"out={out}", "store.kind=redis",

@@ -8,10 +8,10 @@ from collections import Counter
 
 import pytest
 
-from envs.synthetic import schema
-from envs.synthetic.questions import QuestionConfig, generate_tasks, load_synthetic_tasks
-from envs.synthetic.world import World, WorldConfig, generate_world
-from envs.tasks import Task
+from turnstile.envs.synthetic import schema
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks, load_synthetic_tasks
+from turnstile.envs.synthetic.world import World, WorldConfig, generate_world
+from turnstile.envs.tasks import Task
 
 BASE = "http://127.0.0.1:8765"
 
@@ -118,7 +118,7 @@ def test_bad_config_errors_name_the_setting(world: World) -> None:
 def test_found_as_dataset_kind_through_its_entry_point() -> None:
     # A fresh interpreter: nothing has imported envs.synthetic, so only the entry point can find it.
     code = (
-        "from envs.datasets.registry import DatasetConfig, load_tasks\n"
+        "from turnstile.envs.datasets.registry import DatasetConfig, load_tasks\n"
         f"tasks = load_tasks(DatasetConfig(kind='synthetic', path='', limit=12, seed=0, "
         f"url_prefix='{BASE}/wiki/'))\n"
         "print(len(tasks), all(t.id.startswith('synthetic-s0-') for t in tasks),"

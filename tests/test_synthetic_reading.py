@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from envs.protocol import render_tool_response
-from envs.search.base import SearchHit
-from envs.search.tool import format_results
-from envs.synthetic import reading
+from turnstile.envs.protocol import render_tool_response
+from turnstile.envs.search.base import SearchHit
+from turnstile.envs.search.tool import format_results
+from turnstile.envs.synthetic import reading
 
 SEARCH = render_tool_response(format_results("Aldo Venmar", [
     SearchHit("Venmar Institute", "http://h/wiki/venmar-institute", "Founded by Aldo Venmar."),

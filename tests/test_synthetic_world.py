@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from envs.synthetic import schema
-from envs.synthetic.render import article, line_text, world_documents
-from envs.synthetic.world import World, WorldConfig, generate_world, slugify
-from envs.visit.extract import ExtractConfig, extract_text
+from turnstile.envs.synthetic import schema
+from turnstile.envs.synthetic.render import article, line_text, world_documents
+from turnstile.envs.synthetic.world import World, WorldConfig, generate_world, slugify
+from turnstile.envs.visit.extract import ExtractConfig, extract_text
 
 
 @pytest.fixture(scope="module")

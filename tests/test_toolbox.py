@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from envs.tools.base import Fault, ToolError
-from envs.tools.cache import CacheConfig, MemoryCache, RedisCache, build_cache, cache_key
-from envs.tools.toolbox import Toolbox, ToolboxConfig
 from tests.tools_for_tests import EchoTool, FlakyTool, SlowTool
+from turnstile.envs.tools.base import Fault, ToolError
+from turnstile.envs.tools.cache import CacheConfig, MemoryCache, RedisCache, build_cache, cache_key
+from turnstile.envs.tools.toolbox import Toolbox, ToolboxConfig
 
 FAST = dict(backoff_s=0.001, backoff_max_s=0.002)
 
@@ -200,7 +200,7 @@ async def test_redis_down_degrades_to_uncached_calls() -> None:
 
 
 def test_the_wait_between_attempts_doubles_up_to_its_cap_with_jitter() -> None:
-    from envs.retry import backoff_s, longest_backoff_s
+    from turnstile.envs.retry import backoff_s, longest_backoff_s
 
     assert [longest_backoff_s(a, 0.5, 3.0) for a in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
     waits = [backoff_s(3, 0.5, 3.0) for _ in range(200)]

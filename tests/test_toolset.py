@@ -12,12 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envs.corpus_server import CorpusServer
-from envs.datasets.hotpotqa import HotpotQA, read_hotpotqa
-from envs.env import EnvConfig, SearchBrowseEnv
-from envs.protocol import StopReason, render_answer, render_tool_call
-from envs.tools.toolbox import Toolbox
-from envs.toolset import ToolsConfig, build_toolbox
+from turnstile.envs.corpus_server import CorpusServer
+from turnstile.envs.datasets.hotpotqa import HotpotQA, read_hotpotqa
+from turnstile.envs.env import EnvConfig, SearchBrowseEnv
+from turnstile.envs.protocol import StopReason, render_answer, render_tool_call
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.envs.toolset import ToolsConfig, build_toolbox
 
 pytestmark = pytest.mark.integration
 

@@ -10,14 +10,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cluster.cli import main
-from cluster.cli.config import load_config
-from cluster.jobs.run import TrainError, TrainJob, check, step_tasks, trainable
-from cluster.jobs.train import learning_line, run_train
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from rollout.model_store import BUILD_INFO, WARM_MODEL, ensure_default_model, resolve_model
-from rollout.trajectory import Segment, StopReason, Trajectory, Turn, load_trajectories
+from turnstile.cluster.cli import main
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.run import TrainError, TrainJob, check, step_tasks, trainable
+from turnstile.cluster.jobs.train import learning_line, run_train
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.rollout.model_store import BUILD_INFO, WARM_MODEL, ensure_default_model, resolve_model
+from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn, load_trajectories
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train.yaml"
 SMALL = ["steps=2", "tasks_per_step=1", "rollout.group_size=4", "rollout.engine.kind=hf",
@@ -125,9 +125,9 @@ def test_train_then_resume_without_repeating_a_step(ray_local: None, tmp_path: P
 
 
 def test_gpu_cluster_example_is_a_valid_experiment() -> None:
-    from envs.datasets.registry import resolve_loader
-    from rewards.base import resolve_reward
-    from rollout.engines.registry import resolve_engine
+    from turnstile.envs.datasets.registry import resolve_loader
+    from turnstile.rewards.base import resolve_reward
+    from turnstile.rollout.engines.registry import resolve_engine
 
     # The example's Redis lives on the cluster: its persistence is checked there, at start.
     job = load_config(TrainJob, EXAMPLE.parent / "train_gpu.yaml", ["store.require_durable=false"])
@@ -248,9 +248,9 @@ def test_a_reward_that_scores_with_the_policy_gets_the_runs_weights(tmp_path: Pa
     # The driver asks the plugin (scores_with_policy), it does not know information_gain by name.
     from types import SimpleNamespace
 
-    from cluster.jobs.console import TrainConsole
-    from cluster.jobs.run import Run
-    from envs.plugins import PluginSpec
+    from turnstile.cluster.jobs.console import TrainConsole
+    from turnstile.cluster.jobs.run import Run
+    from turnstile.envs.plugins import PluginSpec
 
     job = load_config(TrainJob, EXAMPLE, [f"out={tmp_path}"])
     job.rewards = [PluginSpec("tests.user_plugins:PolicyScore"), PluginSpec("exact_match"),
@@ -267,8 +267,8 @@ def test_each_checkpoint_saves_the_learners_policy_whole_as_a_model_eval_takes_b
         tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from cluster.jobs.console import TrainConsole
-    from cluster.jobs.run import Run
+    from turnstile.cluster.jobs.console import TrainConsole
+    from turnstile.cluster.jobs.run import Run
 
     base = ensure_default_model()
     weights = {name: p.detach() for name, p in AutoModelForCausalLM.from_pretrained(base).named_parameters()}
@@ -294,16 +294,16 @@ def test_a_worker_killed_for_memory_ends_the_run_with_one_line_and_the_way_to_re
     run on 24 GB): the command says so in one line, names the checkpoint to resume from, exits 1."""
     import ray.exceptions
 
-    import cluster.jobs.session
-    import cluster.jobs.train
-    from cluster.cli import main
+    import turnstile.cluster.jobs.session
+    import turnstile.cluster.jobs.train
+    from turnstile.cluster.cli import main
 
     def out_of_memory(*_: object, **__: object) -> None:
         raise ray.exceptions.OutOfMemoryError("3 worker(s) were killed due to the node running low on memory.\n"
                                               "Memory on the node was 22.40GB used / 23.54GB limit")
 
-    monkeypatch.setattr(cluster.jobs.train, "run_train", out_of_memory)
-    monkeypatch.setattr(cluster.jobs.session, "init_ray", lambda *_, **__: None)
+    monkeypatch.setattr(turnstile.cluster.jobs.train, "run_train", out_of_memory)
+    monkeypatch.setattr(turnstile.cluster.jobs.session, "init_ray", lambda *_, **__: None)
     out = tmp_path / "run"
     (out / "checkpoint").mkdir(parents=True)
     (out / "checkpoint" / "learner.json").write_text('{"step": 3}')

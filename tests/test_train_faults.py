@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import ray
 
-from cluster.cli.config import load_config
-from cluster.jobs.run import TrainJob
-from cluster.jobs.train import run_train
-from rollout.trajectory import Trajectory, load_trajectories
 from tests.test_train import EXAMPLE, SMALL
+from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.run import TrainJob
+from turnstile.cluster.jobs.train import run_train
+from turnstile.rollout.trajectory import Trajectory, load_trajectories
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import ray
 
-from rollout.trajectory import load_trajectories
 from tests.test_train import EXAMPLE, SMALL
+from turnstile.rollout.trajectory import load_trajectories
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ STEPS = 4
 
 
 def turnstile_train(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "from cluster.cli import main; main()", "train", *args],
+    return subprocess.Popen([sys.executable, "-c", "from turnstile.cluster.cli import main; main()", "train", *args],
                             cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
 
 

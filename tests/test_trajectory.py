@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout.trajectory import (
+from turnstile.rollout.trajectory import (
     Segment,
     StopReason,
     Trajectory,
@@ -96,7 +96,7 @@ def test_nan_is_never_written(tmp_path: Path) -> None:
 
 
 def test_a_record_without_stop_reason_is_a_trajectory_error() -> None:
-    from rollout.trajectory import Trajectory, TrajectoryError
+    from turnstile.rollout.trajectory import Trajectory, TrajectoryError
 
     record = {"uid": "u", "sample": 0, "task_id": "t", "question": "q", "answers": [], "segments": []}
     with pytest.raises(TrajectoryError, match="stop_reason' is missing"):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster.cli import main
-from envs.protocol import StopReason
-from rollout.trajectory import Segment, Trajectory, Turn, save_trajectories
+from turnstile.cluster.cli import main
+from turnstile.envs.protocol import StopReason
+from turnstile.rollout.trajectory import Segment, Trajectory, Turn, save_trajectories
 
 CHROMIUM = "/usr/bin/chromium"
 HOSTILE_RESPONSE = "<think>x</think><script>window.pwned = 1; alert(1)</script>"

@@ -9,11 +9,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from envs.tools.base import ToolError
-from envs.visit.browser import BrowserConfig, BrowserRenderer
-from envs.visit.guard import GuardConfig, SsrfGuard
-from envs.visit.tool import VisitConfig, VisitTool
 from tests.loopback import QuietHandler, serve
+from turnstile.envs.tools.base import ToolError
+from turnstile.envs.visit.browser import BrowserConfig, BrowserRenderer
+from turnstile.envs.visit.guard import GuardConfig, SsrfGuard
+from turnstile.envs.visit.tool import VisitConfig, VisitTool
 
 pytestmark = pytest.mark.integration
 

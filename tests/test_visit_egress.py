@@ -11,9 +11,16 @@ from urllib.parse import urlsplit
 import pytest
 import pytest_asyncio
 
-from envs.visit.egress import FAILED_HEADER, REFUSED_HEADER, EgressConfig, EgressProxy, authority, url_authority
-from envs.visit.guard import GuardConfig, Resolver, SsrfGuard
 from tests.loopback import AcceptCounter, QuietHandler, count_accepts, serve
+from turnstile.envs.visit.egress import (
+    FAILED_HEADER,
+    REFUSED_HEADER,
+    EgressConfig,
+    EgressProxy,
+    authority,
+    url_authority,
+)
+from turnstile.envs.visit.guard import GuardConfig, Resolver, SsrfGuard
 
 pytestmark = pytest.mark.integration
 

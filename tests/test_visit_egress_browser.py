@@ -15,11 +15,11 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.async_api import Error as PlaywrightError
 
-from envs.tools.base import ToolError
-from envs.visit.browser import BrowserConfig, BrowserRenderer
-from envs.visit.guard import GuardConfig, SsrfGuard
-from envs.visit.tool import VisitConfig, VisitTool
 from tests.loopback import AcceptCounter, QuietHandler, count_accepts, serve
+from turnstile.envs.tools.base import ToolError
+from turnstile.envs.visit.browser import BrowserConfig, BrowserRenderer
+from turnstile.envs.visit.guard import GuardConfig, SsrfGuard
+from turnstile.envs.visit.tool import VisitConfig, VisitTool
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from envs.visit.extract import ExtractConfig, extract_text
-from envs.visit.tokens import RegexTokenCounter, TokenConfig, build_counter, fit_to_budget
+from turnstile.envs.visit.extract import ExtractConfig, extract_text
+from turnstile.envs.visit.tokens import RegexTokenCounter, TokenConfig, build_counter, fit_to_budget
 
 
 def precision_recall(predicted: str, gold: str) -> tuple[float, float]:
@@ -60,7 +60,7 @@ def test_fit_to_budget_adds_marker_only_when_cut() -> None:
 def test_hf_counter_counts_and_cuts_with_the_policy_tokenizer() -> None:
     from transformers import AutoTokenizer
 
-    from rollout.model_store import ensure_default_model
+    from turnstile.rollout.model_store import ensure_default_model
 
     path = str(ensure_default_model())
     counter = build_counter(TokenConfig(tokenizer_path=path))

@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from envs.tools.base import Fault, ToolError
-from envs.visit.fetch import FetchConfig, Fetcher
-from envs.visit.guard import GuardConfig, SsrfGuard
 from tests.loopback import QuietHandler, serve
+from turnstile.envs.tools.base import Fault, ToolError
+from turnstile.envs.visit.fetch import FetchConfig, Fetcher
+from turnstile.envs.visit.guard import GuardConfig, SsrfGuard
 
 pytestmark = pytest.mark.integration
 

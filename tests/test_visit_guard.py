@@ -6,8 +6,8 @@ import ipaddress
 
 import pytest
 
-from envs.tools.base import ToolError
-from envs.visit.guard import GuardConfig, Resolver, SsrfGuard, blocked_reason, parse_ipv4_literal
+from turnstile.envs.tools.base import ToolError
+from turnstile.envs.visit.guard import GuardConfig, Resolver, SsrfGuard, blocked_reason, parse_ipv4_literal
 
 PUBLIC = "93.184.216.34"
 

@@ -8,9 +8,9 @@ from typing import ClassVar
 
 import pytest
 
-from envs.tools.base import ToolError
-from envs.visit.summarize import ExtractorConfig, LlmExtractor, parse_reply
 from tests.loopback import QuietHandler, serve
+from turnstile.envs.tools.base import ToolError
+from turnstile.envs.visit.summarize import ExtractorConfig, LlmExtractor, parse_reply
 
 pytestmark = pytest.mark.integration
 
@@ -119,9 +119,9 @@ def test_enabled_without_model_is_an_error() -> None:
 
 
 def test_retries_that_cannot_fit_the_toolbox_timeout_are_refused() -> None:
-    from envs.tools.toolbox import ToolboxConfig
-    from envs.toolset import ToolsConfig, build_toolbox
-    from envs.visit.tool import VisitConfig
+    from turnstile.envs.tools.toolbox import ToolboxConfig
+    from turnstile.envs.toolset import ToolsConfig, build_toolbox
+    from turnstile.envs.visit.tool import VisitConfig
 
     slow = ExtractorConfig(enabled=True, model="m", timeout_s=40.0, max_attempts=2, backoff_s=1.0)
     assert slow.worst_case_s() == 81.0

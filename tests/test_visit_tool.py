@@ -9,11 +9,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from envs.tools.base import Tool, ToolError
-from envs.visit import VisitConfig, VisitTool
-from envs.visit.guard import GuardConfig
-from envs.visit.summarize import ExtractorConfig
 from tests.loopback import QuietHandler, serve
+from turnstile.envs.tools.base import Tool, ToolError
+from turnstile.envs.visit import VisitConfig, VisitTool
+from turnstile.envs.visit.guard import GuardConfig
+from turnstile.envs.visit.summarize import ExtractorConfig
 
 PARAGRAPH = "The northern lighthouse was built in 1871 from granite quarried on the island. "
 ARTICLE = f"<html><body><article><h1>Lighthouse</h1><p>{PARAGRAPH * 8}</p><p>{PARAGRAPH * 8}</p>" \

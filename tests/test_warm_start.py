@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cluster.cli import main
-from cluster.jobs.defaults import DEFAULT_TASKS
-from cluster.recipes.warm_start import (
+from turnstile.cluster.cli import main
+from turnstile.cluster.jobs.defaults import DEFAULT_TASKS
+from turnstile.cluster.recipes.warm_start import (
     CHECK_SEQUENCES,
     RECIPES,
     TRACE_STEPS,
@@ -21,10 +21,10 @@ from cluster.recipes.warm_start import (
     WarmStartRecipe,
     loss_weights,
 )
-from envs.datasets.generic import DatasetError
-from envs.datasets.registry import DatasetConfig, load_tasks
-from envs.synthetic.dataset import question_config
-from rollout.model_store import (
+from turnstile.envs.datasets.generic import DatasetError
+from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
+from turnstile.envs.synthetic.dataset import question_config
+from turnstile.rollout.model_store import (
     BUILD_INFO,
     COMMITTED_MODELS,
     RANDOM_MODEL,
@@ -70,7 +70,7 @@ def test_the_default_mix_asks_the_name_one_relation_away() -> None:
 
 
 def test_models_known_by_name(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import rollout.model_store as store
+    import turnstile.rollout.model_store as store
 
     assert resolve_model(RANDOM_MODEL) == resolve_model("")
     assert resolve_model("/some/dir") == "/some/dir"
@@ -94,7 +94,7 @@ def test_committed_models_need_out(name: str, capsys: pytest.CaptureFixture[str]
 def test_a_small_recipe_builds_a_model_that_says_what_it_is(ray_local: None, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    from cluster.recipes.warm_start import build_warm_model
+    from turnstile.cluster.recipes.warm_start import build_warm_model
 
     recipe = WarmStartRecipe(tasks={**DEFAULT_TASKS, "count": 60}, corpus_ports=(0,), induction_steps=2,
                              induction_batch=4, steps=2, batch=2)
@@ -176,7 +176,7 @@ def test_the_committed_models_rebuild(name: str, ray_local: None, tmp_path: Path
     """The CI-sized rebuild: the expert's first 40 training tasks give the committed data's first
     sequences (same digest) and the first steps of each stage give the recorded losses (within 1e-3:
     float sums differ between CPUs and thread counts)."""
-    from cluster.recipes.warm_start import expert_trajectories, rebuild_record, training_sequences
+    from turnstile.cluster.recipes.warm_start import expert_trajectories, rebuild_record, training_sequences
 
     recipe = RECIPES[name]
     info = json.loads((committed_model_path(name) / BUILD_INFO).read_text())
@@ -198,7 +198,7 @@ def test_the_models_read_the_answer_off_the_page_and_the_warm_start_sometimes_do
     with a probability between 0.2 and 0.8 on average, where tiny-qwen3-sft almost never does."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cluster.recipes.warm_start import expert_trajectories, training_sequences
+    from turnstile.cluster.recipes.warm_start import expert_trajectories, training_sequences
 
     recipe = RECIPES[SFT_MODEL]
     held_out = expert_trajectories(recipe, tmp_path / "eval.jsonl", progress=False, split="eval", limit=24)
@@ -243,7 +243,7 @@ def test_a_killed_build_continues_from_its_checkpoint(monkeypatch: pytest.Monkey
     (the model, the optimiser, the schedule, the data order and both random streams are restored)."""
     from safetensors.torch import load_file
 
-    import cluster.recipes.warm_start as warm
+    import turnstile.cluster.recipes.warm_start as warm
 
     monkeypatch.setattr(warm, "CHECKPOINT_EVERY", 2)
     rng = torch.Generator().manual_seed(0)

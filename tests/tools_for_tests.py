@@ -10,11 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from envs.search.base import Document
-from envs.search.tool import SearchConfig, SearchTool
-from envs.tools.base import JsonObject, ToolError
-from envs.tools.toolbox import Toolbox
-from envs.visit.extract import extract_text
+from turnstile.envs.search.base import Document
+from turnstile.envs.search.tool import SearchConfig, SearchTool
+from turnstile.envs.tools.base import JsonObject, ToolError
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.envs.visit.extract import extract_text
 
 
 def write_corpus(documents: Sequence[Document], path: Path) -> int:

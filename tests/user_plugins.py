@@ -11,21 +11,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar
 
-from cluster.fleet.autoscale import FleetView, Want
-from envs.datasets.registry import DatasetConfig
-from envs.env import Env, EnvConfig, Message, StepInfo, StepResult
-from envs.plugins import typed_options
-from envs.protocol import FINAL_ANSWER_INSTRUCTION, StopReason, TurnKind, parse_turn
-from envs.search.base import SearchHit
-from envs.tasks import Task
-from envs.tools.toolbox import Toolbox
-from learner.credit.records import Group, TurnCredit
-from learner.credit.registry import CreditResult, Estimator
-from rewards.base import RewardPlugin
-from rollout.engines.base import FINISH_STOP, Generation, SamplingParams
-from rollout.engines.config import EngineConfig
-from rollout.engines.scripted import ScriptedEngine, last_user_message
-from rollout.trajectory import Trajectory
+from turnstile.cluster.fleet.autoscale import FleetView, Want
+from turnstile.envs.datasets.registry import DatasetConfig
+from turnstile.envs.env import Env, EnvConfig, Message, StepInfo, StepResult
+from turnstile.envs.plugins import typed_options
+from turnstile.envs.protocol import FINAL_ANSWER_INSTRUCTION, StopReason, TurnKind, parse_turn
+from turnstile.envs.search.base import SearchHit
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.learner.credit.records import Group, TurnCredit
+from turnstile.learner.credit.registry import CreditResult, Estimator
+from turnstile.rewards.base import RewardPlugin
+from turnstile.rollout.engines.base import FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.scripted import ScriptedEngine, last_user_message
+from turnstile.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
     import torch

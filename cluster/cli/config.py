@@ -21,7 +21,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from rollout.store.base import without_password
+from turnstile.rollout.store.base import without_password
 
 T = TypeVar("T")
 _NAMES_A_FIELD = re.compile(r"[A-Za-z_]\w*=")

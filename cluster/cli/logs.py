@@ -11,7 +11,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from cluster.fleet.logs import LOGS
+from turnstile.cluster.fleet.logs import LOGS
 
 # Driver-side notices that say nothing to a user of turnstile (each seen on every run).
 QUIET_LOGGERS = ("torch.fx._symbolic_trace",)

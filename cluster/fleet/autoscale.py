@@ -4,7 +4,7 @@ A policy sees a :class:`FleetView` (what runs now, what waits) and answers a :cl
 many engine replicas and rollout workers the fleet should have. It only decides; a
 :class:`Sizer` clamps the answer into ``[min, max]`` and holds a change back until it has been
 wanted for ``up_delay_s`` (growing) or ``down_delay_s`` (shrinking), and the fleet
-(:class:`cluster.fleet.elastic.ElasticFleet`, or the fleet simulator's stand-in) carries it out (start and
+(:class:`turnstile.cluster.fleet.elastic.ElasticFleet`, or the fleet simulator's stand-in) carries it out (start and
 catch up, or drain and release).
 
 Policies are plugins (``rollout.fleet.autoscale.kind``: a name registered here, an entry point of
@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from envs.plugins import Registry, typed_options
+from turnstile.envs.plugins import Registry, typed_options
 
 
 @dataclass

@@ -29,11 +29,11 @@ from collections.abc import Iterable
 import ray
 from ray.exceptions import RayActorError
 
-from envs.tasks import Task
-from rollout.context import ContextConfig
-from rollout.errors import describe_error
-from rollout.store import StoreDataLostError
-from rollout.trajectory import StopReason, Trajectory
+from turnstile.envs.tasks import Task
+from turnstile.rollout.context import ContextConfig
+from turnstile.rollout.errors import describe_error
+from turnstile.rollout.store import StoreDataLostError
+from turnstile.rollout.trajectory import StopReason, Trajectory
 
 log = logging.getLogger(__name__)
 

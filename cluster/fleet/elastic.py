@@ -7,7 +7,7 @@
   the routers' membership and is replaced. A worker Ray could not bring back (``worker_restarts``
   used up, or its node lost) is replaced too. With autoscaling off, this is all the thread does:
   the fleet keeps ``engine_replicas`` and ``workers``.
-- **Size** (``autoscale.enabled``). The policy (:mod:`cluster.fleet.autoscale`) says how many replicas
+- **Size** (``autoscale.enabled``). The policy (:mod:`turnstile.cluster.fleet.autoscale`) says how many replicas
   and workers it wants; a larger fleet must be wanted for ``up_delay_s``, a smaller one for
   ``down_delay_s``, and the answer is clamped into ``[min, max]``. Ray places what is started; when
   the cluster has no room, :func:`ray.autoscaler.sdk.request_resources` asks Ray's autoscaler for
@@ -21,7 +21,7 @@
   answers), then finishes the requests it has in flight and is released. A leaving worker takes no
   new episode and is released when its episodes are done. After ``drain_timeout_s`` either is
   stopped: a replica's requests are retried on another, a worker's episodes run again elsewhere
-  from their checkpoints (:mod:`cluster.fleet.dispatch`). Nothing is lost or run twice.
+  from their checkpoints (:mod:`turnstile.cluster.fleet.dispatch`). Nothing is lost or run twice.
 
 Publishing follows the membership (:meth:`publish`): no collective group is sized at the start.
 Every change is a :class:`ScaleEvent` with its reason, logged and counted in the step metrics.
@@ -42,14 +42,14 @@ import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from cluster.fleet.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
-from cluster.fleet.dispatch import WorkerPool
-from cluster.fleet.room import Demand, check_room
-from learner.publish import publish
-from rollout.engines.config import EngineConfig
-from rollout.errors import describe_error
-from rollout.fleet import EngineRouter, EngineStartError, engine_actor
-from rollout.workers import WorkerSpec, worker_actor
+from turnstile.cluster.fleet.autoscale import AutoscaleConfig, FleetView, Sizer, build_policy
+from turnstile.cluster.fleet.dispatch import WorkerPool
+from turnstile.cluster.fleet.room import Demand, check_room
+from turnstile.learner.publish import publish
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.errors import describe_error
+from turnstile.rollout.fleet import EngineRouter, EngineStartError, engine_actor
+from turnstile.rollout.workers import WorkerSpec, worker_actor
 
 log = logging.getLogger(__name__)
 _CALL_TIMEOUT_S = 30.0  # a membership push or a catch-up that takes longer is retried next look
@@ -185,11 +185,11 @@ class ElasticFleet:
     # -- publishing ------------------------------------------------------------------------------
     async def publish(self, weights: Mapping[str, torch.Tensor], version: int, *, mode: str,
                       checkpoint_dir: str | None) -> int:
-        """``weights`` to every serving replica (:func:`learner.publish.publish`), each within
+        """``weights`` to every serving replica (:func:`turnstile.learner.publish.publish`), each within
         ``publish_timeout_s``; a replica starting meanwhile catches up to this version before it
         serves. A replica that does not serve the new version in time (or whose update raises)
         leaves every router and is replaced, and the replacement catches up before it serves; a
-        publish that no replica completes raises :class:`~learner.publish.PublishError`."""
+        publish that no replica completes raises :class:`~turnstile.learner.publish.PublishError`."""
         with self._lock:
             # The router keeps what it sent (the object-store copy, or nothing: load the
             # directory) for the replicas that join later.
@@ -489,7 +489,7 @@ def fleet_demands(config: FleetConfig) -> list[Demand]:
 def elastic_fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: str,
                   events_path: Path | None = None) -> Iterator[ElasticFleet]:
     """An :class:`ElasticFleet`, started, and stopped with all its actors on exit. Nothing starts
-    where a local Ray has no room for the initial fleet (:mod:`cluster.fleet.room`)."""
+    where a local Ray has no room for the initial fleet (:mod:`turnstile.cluster.fleet.room`)."""
     check_room(fleet_demands(config))
     fleet = ElasticFleet(engine, config, spec, name, events_path)
     try:

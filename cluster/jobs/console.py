@@ -34,13 +34,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from cluster.jobs.metrics import render
+from turnstile.cluster.jobs.metrics import render
 
 if TYPE_CHECKING:
     from rich.console import Group, RenderableType
     from rich.live import Live
 
-    from cluster.fleet.autoscale import FleetView
+    from turnstile.cluster.fleet.autoscale import FleetView
 
 NATIVE_LOG = "driver-stderr.log"  # in OUT/logs: what native code writes to the driver's stderr while live
 
@@ -153,7 +153,7 @@ class TrainConsole:
 
     def stage(self, name: str, total: int = 0) -> Tally:
         """The current step is now in stage ``name``; with ``total`` episodes to run, the returned
-        tally counts them (what :func:`cluster.jobs.rollout.collect` updates)."""
+        tally counts them (what :func:`turnstile.cluster.jobs.rollout.collect` updates)."""
         with self._lock:
             self.stage_name, self.stage_done, self.stage_total = name, 0, total
             self._stage_started = time.monotonic()

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from cluster.jobs.session import RayConfig, RolloutJob
-from envs.datasets.registry import DatasetConfig
-from envs.env import EnvConfig
-from rollout.episode import EpisodeConfig
-from rollout.model_store import WARM_MODEL
+from turnstile.cluster.jobs.session import RayConfig, RolloutJob
+from turnstile.envs.datasets.registry import DatasetConfig
+from turnstile.envs.env import EnvConfig
+from turnstile.rollout.episode import EpisodeConfig
+from turnstile.rollout.model_store import WARM_MODEL
 
 DEFAULT_TASKS: dict[str, Any] = {"min_hops": 1, "max_hops": 1, "entity_answer_fraction": 1.0,
                                  "aggregation_fraction": 0.0, "count": 1200}

@@ -1,7 +1,7 @@
 """``turnstile eval``: k samples of every question of one or more benchmarks on the rollout fleet,
 judged, scored (pass@1..k, avg@k, maj@k with 95% intervals) and written as they finish.
 
-Reads like :func:`cluster.jobs.rollout.run_rollout`: serve the corpus, load every benchmark's tasks
+Reads like :func:`turnstile.cluster.jobs.rollout.run_rollout`: serve the corpus, load every benchmark's tasks
 (checked together before any actor starts), start the fleet (``rollout.*`` as in train: engine,
 fleet, context, episode, tools, corpus, ray; ``rollout.data`` and ``rollout.group_size`` are not
 used, ``benchmarks`` and ``k`` are), run the samples not yet in ``OUT/results.jsonl``, then score.
@@ -33,23 +33,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cluster.fleet.dispatch import Episode
-from cluster.jobs.defaults import default_eval_data, default_rollout
-from cluster.jobs.eval_metrics import benchmark_scores, mean_interval
-from cluster.jobs.metrics import browse_ratio
-from cluster.jobs.session import RolloutJob, fleet_session
-from cluster.jobs.synthesis import SynthesisConfig, final_report, synthesize, synthesize_with_policy
-from envs.answers import normalize_answer
-from envs.datasets.registry import DatasetConfig
-from envs.plugins import PluginSpec
-from envs.protocol import StopReason
-from envs.tasks import Task
-from rewards.apply import score_groups
-from rewards.base import build_reward
-from rollout.context import ContextConfig
-from rollout.model_store import resolve_model
-from rollout.summary import FAILED, is_correct, nothing_ran
-from rollout.trajectory import Trajectory, write_trajectory
+from turnstile.cluster.fleet.dispatch import Episode
+from turnstile.cluster.jobs.defaults import default_eval_data, default_rollout
+from turnstile.cluster.jobs.eval_metrics import benchmark_scores, mean_interval
+from turnstile.cluster.jobs.metrics import browse_ratio
+from turnstile.cluster.jobs.session import RolloutJob, fleet_session
+from turnstile.cluster.jobs.synthesis import SynthesisConfig, final_report, synthesize, synthesize_with_policy
+from turnstile.envs.answers import normalize_answer
+from turnstile.envs.datasets.registry import DatasetConfig
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.protocol import StopReason
+from turnstile.envs.tasks import Task
+from turnstile.rewards.apply import score_groups
+from turnstile.rewards.base import build_reward
+from turnstile.rollout.context import ContextConfig
+from turnstile.rollout.model_store import resolve_model
+from turnstile.rollout.summary import FAILED, is_correct, nothing_ran
+from turnstile.rollout.trajectory import Trajectory, write_trajectory
 
 log = logging.getLogger(__name__)
 ENCRYPTED_KINDS = frozenset({"browsecomp_zh", "xbench"})  # loaders that decrypt in memory

@@ -5,7 +5,7 @@ benchmark with a 95% interval.
   correct, the chance that ``k`` of them drawn without replacement hold at least one correct,
   ``1 - C(n-c, k) / C(n, k)``. It uses all ``n`` samples, not only the first ``k``.
 - **avg@k** is the share of correct samples among the first ``k``.
-- **maj@k** votes over the normalised answers (:func:`envs.answers.normalize_answer`) of the first
+- **maj@k** votes over the normalised answers (:func:`turnstile.envs.answers.normalize_answer`) of the first
   ``k`` samples; samples without an answer do not vote. A tie between answers scores the share of
   the tied answers that are correct: the expected score of breaking the tie at random, without the
   randomness.
@@ -21,7 +21,7 @@ import random
 from collections import Counter
 from collections.abc import Sequence
 
-from envs.answers import normalize_answer
+from turnstile.envs.answers import normalize_answer
 
 BOOTSTRAP_RESAMPLES = 2000
 

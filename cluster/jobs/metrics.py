@@ -2,7 +2,7 @@
 
 A long-horizon RL run fails quietly: rewards flat because every episode hits the context budget,
 information gain collapsing to zero, samples growing stale behind a slow learner. :func:`step_metrics`
-turns one step's trajectories (and the learner's :class:`~learner.trainer.StepReport`) into flat
+turns one step's trajectories (and the learner's :class:`~turnstile.learner.trainer.StepReport`) into flat
 ``namespace/name`` numbers that show those things; :class:`MetricsSink` sends them to the console,
 TensorBoard, Weights & Biases (optional, ``pip install wandb``) and Ray's metrics (Prometheus, and
 the Ray dashboard when it runs).
@@ -21,15 +21,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, Self
 
-from envs.tasks import Task
-from envs.tools.base import Fault
-from learner.credit.normalize import all_equal
-from rollout.faults import VERDICT_KEY
-from rollout.summary import is_correct, well_formed_share
-from rollout.trajectory import StopReason, Trajectory
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import Fault
+from turnstile.learner.credit.normalize import all_equal
+from turnstile.rollout.faults import VERDICT_KEY
+from turnstile.rollout.summary import is_correct, well_formed_share
+from turnstile.rollout.trajectory import StopReason, Trajectory
 
 if TYPE_CHECKING:
-    from learner.trainer import StepReport
+    from turnstile.learner.trainer import StepReport
 
 log = logging.getLogger(__name__)
 

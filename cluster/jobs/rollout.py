@@ -1,6 +1,6 @@
 """The rollout job: tasks × G samples through a fleet of engine and worker actors, to a JSONL file.
 
-Reads like the first half of the loop in docs/design.md §1: a fleet session (:mod:`cluster.jobs.session`:
+Reads like the first half of the loop in docs/design.md §1: a fleet session (:mod:`turnstile.cluster.jobs.session`:
 the corpus served, the tasks loaded, engine replicas and rollout workers started) hands out episodes as
 workers free up and writes each trajectory as it arrives.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cluster.jobs.session import RolloutJob, fleet_session
-from rollout.summary import RolloutSummary, summarize
+from turnstile.cluster.jobs.session import RolloutJob, fleet_session
+from turnstile.rollout.summary import RolloutSummary, summarize
 
 
 def run_rollout(cfg: RolloutJob, out: Path, progress: bool = True) -> RolloutSummary:
@@ -37,5 +37,6 @@ def fleet_events(out: Path) -> Path:
 
 
 def rollout_logs(out: Path) -> Path:
-    """Where a rollout to ``out`` sends its workers' output (:mod:`cluster.fleet.logs`): ``<stem>.logs/`` beside it."""
+    """Where a rollout to ``out`` sends its workers' output (:mod:`turnstile.cluster.fleet.logs`):
+    ``<stem>.logs/`` beside it."""
     return out.with_name(f"{out.stem}.logs")

@@ -1,5 +1,5 @@
-"""One training run's state and step, shared by both modes of ``turnstile train`` (:mod:`cluster.jobs.train`
-starts the run, :mod:`cluster.jobs.train_async` drives the asynchronous mode): the job's config
+"""One training run's state and step, shared by both modes of ``turnstile train`` (:mod:`turnstile.cluster.jobs.train`
+starts the run, :mod:`turnstile.cluster.jobs.train_async` drives the asynchronous mode): the job's config
 (:class:`TrainJob`), what a run has done (:class:`RunState`, saved in ``run.json`` for resuming), and
 :class:`Run`, which holds the fleet, the learner and the estimator and does the synchronous loop, one
 learner update (:meth:`Run.learn`) and a held-out evaluation.
@@ -16,32 +16,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.jobs.console import TrainConsole
-from cluster.jobs.defaults import default_eval_data, default_rollout
-from cluster.jobs.metrics import (
+from turnstile.cluster.jobs.console import TrainConsole
+from turnstile.cluster.jobs.defaults import default_eval_data, default_rollout
+from turnstile.cluster.jobs.metrics import (
     MetricsConfig,
     MetricsSink,
     step_metrics,
 )
-from cluster.jobs.score import find_tasks
-from cluster.jobs.session import FleetSession, RolloutJob
-from envs.datasets.registry import DatasetConfig
-from envs.files import atomic_write
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from learner.credit import estimator_class, estimator_from_options
-from learner.credit.assign import assign_credit
-from learner.credit.registry import Estimator
-from learner.publish import WeightsArchive, replace_model
-from learner.trainer import Learner, LearnerConfig
-from rewards.apply import score_groups
-from rewards.base import resolve_reward, reward_options
-from rewards.service import RewardServiceConfig
-from rollout.faults import VERDICT_KEY
-from rollout.model_store import RUN_MODEL
-from rollout.store import StoreConfig, check_durability
-from rollout.summary import nothing_ran
-from rollout.trajectory import Trajectory, save_trajectories
+from turnstile.cluster.jobs.score import find_tasks
+from turnstile.cluster.jobs.session import FleetSession, RolloutJob
+from turnstile.envs.datasets.registry import DatasetConfig
+from turnstile.envs.files import atomic_write
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.learner.credit import estimator_class, estimator_from_options
+from turnstile.learner.credit.assign import assign_credit
+from turnstile.learner.credit.registry import Estimator
+from turnstile.learner.publish import WeightsArchive, replace_model
+from turnstile.learner.trainer import Learner, LearnerConfig
+from turnstile.rewards.apply import score_groups
+from turnstile.rewards.base import resolve_reward, reward_options
+from turnstile.rewards.service import RewardServiceConfig
+from turnstile.rollout.faults import VERDICT_KEY
+from turnstile.rollout.model_store import RUN_MODEL
+from turnstile.rollout.store import StoreConfig, check_durability
+from turnstile.rollout.summary import nothing_ran
+from turnstile.rollout.trajectory import Trajectory, save_trajectories
 
 MODES = ("sync", "async")
 
@@ -305,7 +305,7 @@ class Run:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """``eval_samples`` samples per held-out task on the current weights, scored
-        (:meth:`~cluster.jobs.session.FleetSession.evaluate`) and printed."""
+        (:meth:`~turnstile.cluster.jobs.session.FleetSession.evaluate`) and printed."""
         if not self.eval_tasks:
             return {}
         started = time.monotonic()

@@ -2,7 +2,7 @@
 
 The offline form of the reward service: read trajectories (JSONL), find each one's task (with its
 clues) in the configured dataset, run every reward plugin over each group of G samples
-(:func:`rewards.apply.score_groups`: a group a plugin fails on is written unscored, with
+(:func:`turnstile.rewards.apply.score_groups`: a group a plugin fails on is written unscored, with
 ``metadata["reward_error"]``), assign per-turn advantages with one estimator over the scored ones,
 and write them all.
 """
@@ -14,15 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from envs.corpus_server import PAGE_PREFIX
-from envs.datasets.registry import DatasetConfig, load_tasks
-from envs.plugins import PluginSpec
-from envs.tasks import Task
-from learner.credit import estimator_from_options
-from learner.credit.assign import assign_credit
-from learner.credit.registry import CreditResult
-from rewards.apply import DEFAULT_SCORE_TIMEOUT_S, score_groups
-from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
+from turnstile.envs.corpus_server import PAGE_PREFIX
+from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
+from turnstile.envs.plugins import PluginSpec
+from turnstile.envs.tasks import Task
+from turnstile.learner.credit import estimator_from_options
+from turnstile.learner.credit.assign import assign_credit
+from turnstile.learner.credit.registry import CreditResult
+from turnstile.rewards.apply import DEFAULT_SCORE_TIMEOUT_S, score_groups
+from turnstile.rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
 
 @dataclass

@@ -30,32 +30,32 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from cluster.fleet.dispatch import Dispatcher, Episode
-from cluster.fleet.elastic import ElasticFleet, FleetConfig, elastic_fleet, fleet_demands
-from cluster.fleet.logs import worker_runtime_env
-from cluster.fleet.room import Demand, check_room
-from cluster.jobs.console import UNCOUNTED, Tally
-from cluster.jobs.metrics import evaluation_metrics
-from envs.corpus import CorpusConfig, corpus_documents
-from envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
-from envs.datasets.registry import DatasetConfig, load_tasks
-from envs.env import env_class
-from envs.tasks import Task
-from envs.toolset import ToolsConfig
-from rollout.context import ContextConfig
-from rollout.engines.config import EngineConfig
-from rollout.engines.registry import check_engine_tasks, weight_sync
-from rollout.engines.shape import follow_model
-from rollout.episode import EpisodeConfig
-from rollout.model_store import resolve_model
-from rollout.trajectory import Trajectory, write_trajectory
-from rollout.workers import WorkerSpec
+from turnstile.cluster.fleet.dispatch import Dispatcher, Episode
+from turnstile.cluster.fleet.elastic import ElasticFleet, FleetConfig, elastic_fleet, fleet_demands
+from turnstile.cluster.fleet.logs import worker_runtime_env
+from turnstile.cluster.fleet.room import Demand, check_room
+from turnstile.cluster.jobs.console import UNCOUNTED, Tally
+from turnstile.cluster.jobs.metrics import evaluation_metrics
+from turnstile.envs.corpus import CorpusConfig, corpus_documents
+from turnstile.envs.corpus_server import PAGE_PREFIX, CorpusServer, CorpusServerConfig
+from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
+from turnstile.envs.env import env_class
+from turnstile.envs.tasks import Task
+from turnstile.envs.toolset import ToolsConfig
+from turnstile.rollout.context import ContextConfig
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.registry import check_engine_tasks, weight_sync
+from turnstile.rollout.engines.shape import follow_model
+from turnstile.rollout.episode import EpisodeConfig
+from turnstile.rollout.model_store import resolve_model
+from turnstile.rollout.trajectory import Trajectory, write_trajectory
+from turnstile.rollout.workers import WorkerSpec
 
 if TYPE_CHECKING:
     import torch
 
-    from learner.trainer import Learner
-    from rollout.store.base import TrajectoryStore
+    from turnstile.learner.trainer import Learner
+    from turnstile.rollout.store.base import TrajectoryStore
 
 TASK_EVENTS_VARIABLE = "RAY_task_events_max_num_task_in_gcs"
 
@@ -139,7 +139,7 @@ class FleetSession:
                  label: str = "eval") -> dict[str, float]:
         """``samples`` samples of each of ``tasks`` on the weights the fleet serves now (the
         rollout's sampling settings), written to ``out``; their scores
-        (:func:`~cluster.jobs.metrics.evaluation_metrics`: accuracy with its 95% interval, answered,
+        (:func:`~turnstile.cluster.jobs.metrics.evaluation_metrics`: accuracy with its 95% interval, answered,
         format rate, turns, browse ratio, accuracy by hop count)."""
         episodes = [(task, f"{label}-{task.id}", sample) for task in tasks for sample in range(samples)]
         trajectories, _, _ = self.generate(episodes, out, tally)
@@ -220,7 +220,7 @@ def servable_tasks(datasets: list[DatasetConfig], corpus: CorpusConfig, engine: 
 @contextlib.contextmanager
 def _fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: str,
           events: Path | None = None) -> Iterator[ElasticFleet]:
-    """The rollout fleet of rollout and training alike (:class:`~cluster.fleet.elastic.ElasticFleet`):
+    """The rollout fleet of rollout and training alike (:class:`~turnstile.cluster.fleet.elastic.ElasticFleet`):
     engine replicas behind a router and rollout workers in a dispatch pool, named
     ``<name>-engine-<i>`` and ``<name>-worker-<i>``, healed, and grown or shrunk when
     ``config.autoscale`` says so; every actor is killed on exit. ``spec.model`` is the resolved
@@ -241,7 +241,7 @@ def _fleet(engine: EngineConfig, config: FleetConfig, spec: WorkerSpec, name: st
 def init_ray(cfg: RayConfig, logs: Path | None = None) -> None:
     """Join the cluster ``cfg.address`` (or ``RAY_ADDRESS``, which ``ray job submit`` sets) or start
     a local Ray with ``cfg.num_cpus`` logical CPUs (ignored when joining: the cluster has its own).
-    A local Ray started with ``logs`` sends its workers' output there (:mod:`cluster.fleet.logs`)."""
+    A local Ray started with ``logs`` sends its workers' output there (:mod:`turnstile.cluster.fleet.logs`)."""
     if ray.is_initialized():
         return
     joining = bool(cfg.address or os.environ.get("RAY_ADDRESS"))

@@ -1,14 +1,14 @@
 """``turnstile sft``: supervised fine-tuning on veRL's trainer, with before/after evaluation.
 
-The job: load samples (:mod:`learner.sft`), measure the policy (rollouts on held-out tasks: the share
+The job: load samples (:mod:`turnstile.learner.sft`), measure the policy (rollouts on held-out tasks: the share
 of well-formed turns, answer rate, accuracy), train ``steps`` mini-batches with the weighted SFT loss
-(:class:`learner.trainer.Learner`), evaluate every ``eval.every`` steps and at the end, and write a
+(:class:`turnstile.learner.trainer.Learner`), evaluate every ``eval.every`` steps and at the end, and write a
 Hugging Face model directory (``out/model``) that any engine loads, plus the learner checkpoint
 (``out/checkpoint``) that ``resume=true`` continues from: at the end, and every ``checkpoint_every``
 steps (a long run killed loses at most that many). A resumed run takes the batches the run would
 have taken next: the sample order is a function of ``learner.seed`` and the step.
 
-Every evaluation runs on one fleet session (:mod:`cluster.jobs.session`), started with the base model
+Every evaluation runs on one fleet session (:mod:`turnstile.cluster.jobs.session`), started with the base model
 beside the learner: before training it measures the base model, later the learner's weights, which
 are published to it first (its engines never reload ``out/model``). The cluster needs room for both
 (the learner's ranks and the fleet's engine and worker), which is checked before either starts.
@@ -26,14 +26,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from cluster.jobs.defaults import sft_eval_rollout
-from cluster.jobs.session import RayConfig, RolloutJob, fleet_session, init_ray, learner_demand
-from learner.batch import Sample
-from learner.publish import replace_model
-from learner.sft import load_sft_samples
-from learner.trainer import Learner, LearnerConfig
-from rollout.chat import ChatFormat
-from rollout.model_store import RUN_MODEL, resolve_model
+from turnstile.cluster.jobs.defaults import sft_eval_rollout
+from turnstile.cluster.jobs.session import RayConfig, RolloutJob, fleet_session, init_ray, learner_demand
+from turnstile.learner.batch import Sample
+from turnstile.learner.publish import replace_model
+from turnstile.learner.sft import load_sft_samples
+from turnstile.learner.trainer import Learner, LearnerConfig
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.model_store import RUN_MODEL, resolve_model
 
 
 @dataclass

@@ -5,7 +5,7 @@ same samples: the first ``n`` samples' reports.
 
 A sample's **final report** is its last ``<report>`` (the iter_research protocol), else its last
 turn's text; its final answer follows it. The synthesis model (``synthesis.synthesizer``) is any
-OpenAI-compatible endpoint (``endpoint``: :class:`envs.chat_client.ChatClient`, bounded, retried,
+OpenAI-compatible endpoint (``endpoint``: :class:`turnstile.envs.chat_client.ChatClient`, bounded, retried,
 cached) or the evaluated policy itself (``policy``: one replica of ``rollout.engine`` on the same
 model, the reports cut to fit the episode's context budget, sampled as its turns are). It answers
 inside ``<answer>…</answer>``, and its answer is judged by the benchmark's own judge. A reply
@@ -21,15 +21,15 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
-from envs.protocol import ANSWER_CLOSE, ANSWER_OPEN, REPORT_CLOSE, REPORT_OPEN
-from rollout.engines.config import EngineConfig
-from rollout.engines.shape import follow_model
-from rollout.episode import EpisodeConfig
-from rollout.trajectory import Trajectory
+from turnstile.envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
+from turnstile.envs.protocol import ANSWER_CLOSE, ANSWER_OPEN, REPORT_CLOSE, REPORT_OPEN
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.shape import follow_model
+from turnstile.rollout.episode import EpisodeConfig
+from turnstile.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from rollout.chat import ChatFormat
+    from turnstile.rollout.chat import ChatFormat
 
 log = logging.getLogger(__name__)
 REPORT_CHARS = 4000  # of each report, its end kept (where the conclusions are)
@@ -115,9 +115,9 @@ async def synthesize_with_policy(engine: EngineConfig, model: str, episode: Epis
     fails is that question's exception, not the run's."""
     import ray
 
-    from rollout.chat import ChatFormat
-    from rollout.engines.base import SamplingParams
-    from rollout.fleet import engine_actor
+    from turnstile.rollout.chat import ChatFormat
+    from turnstile.rollout.engines.base import SamplingParams
+    from turnstile.rollout.fleet import engine_actor
 
     chat = ChatFormat.from_pretrained(model)
     room = episode.context_budget - episode.max_new_tokens

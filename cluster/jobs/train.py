@@ -6,7 +6,7 @@ data-parallel size) → the new weights published to the engines under the next 
 ``eval_every`` steps the policy is measured on held-out tasks; every ``checkpoint_every`` steps the
 learner and the run's position are saved, and ``resume=true`` continues from there without repeating
 or skipping a step. ``mode=async`` keeps rollout running while rewards and updates happen, under a
-staleness bound (:mod:`cluster.jobs.train_async`); both modes share :meth:`Run.learn`.
+staleness bound (:mod:`turnstile.cluster.jobs.train_async`); both modes share :meth:`Run.learn`.
 """
 
 from __future__ import annotations
@@ -17,29 +17,29 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-from cluster.fleet.logs import LOGS
-from cluster.fleet.room import Demand
-from cluster.jobs.console import TrainConsole
-from cluster.jobs.metrics import (
+from turnstile.cluster.fleet.logs import LOGS
+from turnstile.cluster.fleet.room import Demand
+from turnstile.cluster.jobs.console import TrainConsole
+from turnstile.cluster.jobs.metrics import (
     MetricsSink,
     is_correct,
     paired_difference,
 )
-from cluster.jobs.run import (
+from turnstile.cluster.jobs.run import (
     Run,
     RunState,
     TrainJob,
     check,
 )
-from cluster.jobs.session import fleet_session, init_ray, learner_demand
-from cluster.jobs.train_async import async_loop
-from learner.credit import estimator_from_options
-from learner.publish import WeightsArchive
-from learner.trainer import Learner
-from rewards.base import resolve_reward
-from rollout.model_store import RUN_MODEL, resolve_model
-from rollout.store import build_store
-from rollout.trajectory import load_trajectories
+from turnstile.cluster.jobs.session import fleet_session, init_ray, learner_demand
+from turnstile.cluster.jobs.train_async import async_loop
+from turnstile.learner.credit import estimator_from_options
+from turnstile.learner.publish import WeightsArchive
+from turnstile.learner.trainer import Learner
+from turnstile.rewards.base import resolve_reward
+from turnstile.rollout.model_store import RUN_MODEL, resolve_model
+from turnstile.rollout.store import build_store
+from turnstile.rollout.trajectory import load_trajectories
 
 
 def run_train(job: TrainJob, *, progress: bool = True) -> RunState:

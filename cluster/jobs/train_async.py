@@ -10,13 +10,13 @@ One asyncio loop in the driver does four things, none of which blocks the others
    (its samples all left out, say as environment-decided) used up its batch all the same, and
    admission must not wait for a version that step will never publish.
 2. **Harvest**: a finished episode goes to the trajectory store (``finished``). Episodes are placed
-   by the run's one dispatcher policy (:mod:`cluster.fleet.dispatch`, shared with rollout and evaluation):
+   by the run's one dispatcher policy (:mod:`turnstile.cluster.fleet.dispatch`, shared with rollout and evaluation):
    an episode whose worker died runs again elsewhere (the store keeps each item once), and an
    evaluation started by the learner thread counts against the same workers' capacity.
-3. **Rewards**: reward workers (Ray actors, :mod:`rewards.service`) score what the store holds while
+3. **Rewards**: reward workers (Ray actors, :mod:`turnstile.rewards.service`) score what the store holds while
    rollout continues; the collector releases a group only when all its G samples are scored.
 4. **Learning**: when ``tasks_per_step`` complete groups are ready and no update is running, an
-   update starts in a thread (:meth:`cluster.jobs.run.Run.learn`): samples generated more than η
+   update starts in a thread (:meth:`turnstile.cluster.jobs.run.Run.learn`): samples generated more than η
    versions ago are dropped and counted, the rest get credit and one veRL update, and the new
    weights are published. Episodes still running continue on the new weights (partial rollouts);
    every turn records the version that produced it.
@@ -29,11 +29,11 @@ import logging
 import time
 from dataclasses import replace
 
-from cluster.fleet.dispatch import NoWorkersLeft
-from cluster.jobs.run import Run
-from rewards.service import RewardService
-from rollout.store import FINISHED, build_store
-from rollout.trajectory import Trajectory
+from turnstile.cluster.fleet.dispatch import NoWorkersLeft
+from turnstile.cluster.jobs.run import Run
+from turnstile.rewards.service import RewardService
+from turnstile.rollout.store import FINISHED, build_store
+from turnstile.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

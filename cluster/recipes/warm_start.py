@@ -12,15 +12,16 @@ one decision every episode shares (open the page or guess), which the reward alo
 
 A random-weight policy writes no well-formed turn, so every sample of a group gets the same reward
 and reinforcement learning has nothing to work with. ``tiny-qwen3-sft`` is the tiny model
-(:mod:`rollout.model_store`) after supervised fine-tuning on the scripted expert's trajectories of
+(:mod:`turnstile.rollout.model_store`) after supervised fine-tuning on the scripted expert's trajectories of
 the default training tasks, through the real tools.
 
 The recipe (:class:`WarmStartRecipe`, one command: ``turnstile build-model tiny-qwen3-sft --out DIR``):
 
 1. the expert (``engine.kind=scripted``) runs every training task of 5,000 questions of the
    default mix (the name one relation away) once through the Ray fleet with the default episode
-   settings, the corpus served on a fixed port (:data:`cluster.jobs.defaults.WARM_CORPUS_PORT`: the same URLs on every
-   machine, and where ``turnstile train`` serves it); its correct trajectories are the data. Its
+   settings, the corpus served on a fixed port
+   (:data:`~turnstile.cluster.jobs.defaults.WARM_CORPUS_PORT`: the same URLs on every machine, and where
+   ``turnstile train`` serves it); its correct trajectories are the data. Its
    thoughts are written to be copied from: it cites the result it opens as the search listed it
    (``[X](url)``) and quotes the fact the page gave (``Publisher: Y``), and pages live at
    Wikipedia-style addresses (``/wiki/Kratro_Labyrinth``), so an address is the name's own tokens;
@@ -62,14 +63,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cluster.jobs.defaults import DEFAULT_TASKS, MULTIHOP_TASKS, MULTIHOP_TURNS, WARM_CORPUS_PORT, default_episode
-from cluster.jobs.rollout import run_rollout
-from cluster.jobs.session import RolloutJob
-from envs.datasets.registry import DatasetConfig, load_tasks
-from envs.files import atomic_directory, atomic_path
-from envs.synthetic.expert import ExpertConfig
-from rollout.context import ContextConfig
-from rollout.model_store import (
+from turnstile.cluster.jobs.defaults import (
+    DEFAULT_TASKS,
+    MULTIHOP_TASKS,
+    MULTIHOP_TURNS,
+    WARM_CORPUS_PORT,
+    default_episode,
+)
+from turnstile.cluster.jobs.rollout import run_rollout
+from turnstile.cluster.jobs.session import RolloutJob
+from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
+from turnstile.envs.files import atomic_directory, atomic_path
+from turnstile.envs.synthetic.expert import ExpertConfig
+from turnstile.rollout.context import ContextConfig
+from turnstile.rollout.model_store import (
     BUILD_INFO,
     ITER_MODEL,
     MULTIHOP_MODEL,
@@ -78,7 +85,7 @@ from rollout.model_store import (
     WARM_MODEL,
     resolve_model,
 )
-from rollout.trajectory import Trajectory, load_trajectories, save_trajectories
+from turnstile.rollout.trajectory import Trajectory, load_trajectories, save_trajectories
 
 if TYPE_CHECKING:
     import torch
@@ -266,7 +273,7 @@ def expert_trajectories(recipe: WarmStartRecipe, out: Path, *, progress: bool = 
     corpus ports (only the first ``shards`` shares if given; of each, the first ``limit`` tasks, by
     default the recipe's); its correct trajectories and those it answered hastily (the recipe's
     ``hasty_fraction``) or stopped early (``early_fraction``), by port and then by task id."""
-    from envs.answers import answer_matches
+    from turnstile.envs.answers import answer_matches
 
     expert = ExpertConfig(hasty_fraction=recipe.hasty_fraction, early_fraction=recipe.early_fraction)
     limit = recipe.limit if limit is None else limit
@@ -308,7 +315,7 @@ def deliberate_mistake(expert: ExpertConfig, trajectory: Trajectory, hops: int) 
 
 def training_sequences(trajectories: list[Trajectory], max_length: int) -> list[tuple[list[int], list[int]]]:
     """Each segment as (token ids, loss mask): prompt and observations 0, the policy's tokens 1."""
-    from learner.batch import samples_from_trajectories
+    from turnstile.learner.batch import samples_from_trajectories
 
     sequences = []
     for sample in samples_from_trajectories(trajectories, require_advantage=False):

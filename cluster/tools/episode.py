@@ -1,6 +1,6 @@
 """One episode of the scripted expert on the embedded default, every turn printed (``turnstile
-episode``, see :mod:`cluster.cli.commands.episode`): the synthetic world served over loopback HTTP (in
-process, or a running ``turnstile serve-corpus``), the real tools, :class:`~envs.env.SearchBrowseEnv`.
+episode``, see :mod:`turnstile.cluster.cli.commands.episode`): the synthetic world served over loopback HTTP (in
+process, or a running ``turnstile serve-corpus``), the real tools, :class:`~turnstile.envs.env.SearchBrowseEnv`.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from envs.answers import answer_matches
-from envs.corpus_server import CorpusServer, page_path
-from envs.env import EnvConfig, SearchBrowseEnv
-from envs.search.base import Document
-from envs.synthetic.expert import ScriptedExpert
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import WorldConfig, generate_world
-from envs.toolset import ToolsConfig, build_toolbox
+from turnstile.envs.answers import answer_matches
+from turnstile.envs.corpus_server import CorpusServer, page_path
+from turnstile.envs.env import EnvConfig, SearchBrowseEnv
+from turnstile.envs.search.base import Document
+from turnstile.envs.synthetic.expert import ScriptedExpert
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.toolset import ToolsConfig, build_toolbox
 
 
 @dataclass

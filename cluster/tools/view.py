@@ -30,10 +30,10 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, TypedDict
 
-from envs.files import atomic_write
-from envs.tools.base import JsonObject, JsonValue
-from rollout.summary import is_correct
-from rollout.trajectory import Trajectory, TrajectoryError, Turn
+from turnstile.envs.files import atomic_write
+from turnstile.envs.tools.base import JsonObject, JsonValue
+from turnstile.rollout.summary import is_correct
+from turnstile.rollout.trajectory import Trajectory, TrajectoryError, Turn
 
 DATA_MARKER = "<!-- turnstile:data -->"  # where the page template takes the embedded JSON
 HASH_MARKER = "{{script_hash}}"  # the CSP hash of the page's own script

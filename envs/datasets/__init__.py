@@ -2,7 +2,7 @@
 with their corpus, and published benchmarks (decrypted in memory only). Start from
 :func:`load_tasks` with a :class:`DatasetConfig`; add a kind with ``@register_dataset("name")``."""
 
-from envs.datasets.benchmarks import (
+from turnstile.envs.datasets.benchmarks import (
     BROWSECOMP_ZH_COUNT,
     WEBSHAPER_COUNT,
     WEBWALKERQA_COUNT,
@@ -12,9 +12,9 @@ from envs.datasets.benchmarks import (
     load_webwalkerqa,
     load_xbench,
 )
-from envs.datasets.generic import DatasetError, load_jsonl, load_parquet, task_from_record
-from envs.datasets.hotpotqa import HotpotQA, paragraph_slug, read_hotpotqa, title_slug
-from envs.datasets.registry import DatasetConfig, known_kinds, load_tasks, register_dataset
+from turnstile.envs.datasets.generic import DatasetError, load_jsonl, load_parquet, task_from_record
+from turnstile.envs.datasets.hotpotqa import HotpotQA, paragraph_slug, read_hotpotqa, title_slug
+from turnstile.envs.datasets.registry import DatasetConfig, known_kinds, load_tasks, register_dataset
 
 __all__ = [
     "BROWSECOMP_ZH_COUNT",

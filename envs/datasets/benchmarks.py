@@ -28,9 +28,9 @@ import json
 import re
 from pathlib import Path
 
-from envs.datasets.generic import DatasetError, load_jsonl, task_from_record, where
-from envs.tasks import Task
-from envs.tools.base import JsonValue
+from turnstile.envs.datasets.generic import DatasetError, load_jsonl, task_from_record, where
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import JsonValue
 
 BROWSECOMP_ZH_COUNT = 289
 XBENCH_DEEPSEARCH_COUNTS: dict[str, int] = {"DeepSearch-2505.csv": 100, "DeepSearch-2510.csv": 100}

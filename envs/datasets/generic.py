@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeGuard
 
-from envs.tasks import Clue, Task
-from envs.tools.base import JsonValue
+from turnstile.envs.tasks import Clue, Task
+from turnstile.envs.tools.base import JsonValue
 
 TASK_FIELDS = ("id", "question", "answers", "clues", "metadata")
 CLUE_ROLES = ("bridge", "constraint", "answer")

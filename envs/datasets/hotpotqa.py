@@ -42,10 +42,10 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.datasets.generic import DatasetError, parse_answers, where
-from envs.search.base import Document
-from envs.tasks import Clue, Task
-from envs.tools.base import JsonValue
+from turnstile.envs.datasets.generic import DatasetError, parse_answers, where
+from turnstile.envs.search.base import Document
+from turnstile.envs.tasks import Clue, Task
+from turnstile.envs.tools.base import JsonValue
 
 # Characters kept as they are in a slug: legal unescaped in a URL path, as on Wikipedia. "_" stands
 # for a space and "~" starts a hash suffix, so neither is in this set (that keeps slugs unique).

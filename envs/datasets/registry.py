@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.datasets.benchmarks import load_browsecomp_zh, load_webshaper, load_webwalkerqa, load_xbench
-from envs.datasets.generic import DatasetError, load_jsonl, load_parquet
-from envs.datasets.hotpotqa import read_hotpotqa
-from envs.plugins import Registry
-from envs.tasks import Task
+from turnstile.envs.datasets.benchmarks import load_browsecomp_zh, load_webshaper, load_webwalkerqa, load_xbench
+from turnstile.envs.datasets.generic import DatasetError, load_jsonl, load_parquet
+from turnstile.envs.datasets.hotpotqa import read_hotpotqa
+from turnstile.envs.plugins import Registry
+from turnstile.envs.tasks import Task
 
 SPLITS = ("all", "train", "eval")
 
@@ -51,7 +51,7 @@ class DatasetConfig:
     expected_count: for benchmarks, the number of questions the file must hold; ``None`` means the
         published count.
     options: the kind's own settings, refused by the loader when it does not know one (``synthetic``:
-        the fields of :class:`envs.synthetic.questions.QuestionConfig`, e.g. ``{max_hops: 1}``).
+        the fields of :class:`turnstile.envs.synthetic.questions.QuestionConfig`, e.g. ``{max_hops: 1}``).
     """
 
     kind: str

@@ -35,7 +35,7 @@ class Document:
 class SearchBackend(Protocol):
     """Answers one query with up to ``top_k`` hits, best first.
 
-    Raises :class:`envs.tools.base.ToolError` on failure (``retryable=True`` for transient network
+    Raises :class:`turnstile.envs.tools.base.ToolError` on failure (``retryable=True`` for transient network
     errors). ``aclose`` is safe to call twice.
     """
 

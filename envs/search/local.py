@@ -2,8 +2,8 @@
 
 Training runs cannot call a web search API tens of thousands of times per step, and tests and the
 synthetic world need results that are reproducible. :class:`LocalIndex` answers queries from a BM25
-index built over a list of :class:`~envs.search.base.Document` (or a JSONL corpus file) and behaves
-like any other :class:`~envs.search.base.SearchBackend`.
+index built over a list of :class:`~turnstile.envs.search.base.Document` (or a JSONL corpus file) and behaves
+like any other :class:`~turnstile.envs.search.base.SearchBackend`.
 
 Two BM25 engines sit behind the same class: ``tantivy`` (Rust, an inverted index) and ``bm25s``
 (numpy, sparse score matrices, PyStemmer stemming). docs/benchmarks/search-index.md compares them on
@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import tantivy
 
-from envs.corpus import read_corpus
-from envs.search.base import Document, SearchHit
-from envs.tools.base import ToolError
+from turnstile.envs.corpus import read_corpus
+from turnstile.envs.search.base import Document, SearchHit
+from turnstile.envs.tools.base import ToolError
 
 if TYPE_CHECKING:
     import bm25s
@@ -176,7 +176,7 @@ class _Bm25sEngine:
 
 
 class LocalIndex:
-    """A :class:`~envs.search.base.SearchBackend` over an in-memory corpus; see the module docstring."""
+    """A :class:`~turnstile.envs.search.base.SearchBackend` over an in-memory corpus; see the module docstring."""
 
     def __init__(self, documents: Sequence[Document], engine: str = DEFAULT_ENGINE, *,
                  title_boost: float = TITLE_BOOST, snippet_chars: int = SNIPPET_CHARS) -> None:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from envs.search.base import SearchHit
-from envs.search.serper import post_json
-from envs.tools.base import JsonValue, ToolError
+from turnstile.envs.search.base import SearchHit
+from turnstile.envs.search.serper import post_json
+from turnstile.envs.tools.base import JsonValue, ToolError
 
 SNIPPET_CHARS = 300
 
@@ -30,7 +30,7 @@ class RetrievalServerConfig:
 
 
 class RetrievalServerSearch:
-    """A :class:`~envs.search.base.SearchBackend` over a Search-R1-style retrieval server."""
+    """A :class:`~turnstile.envs.search.base.SearchBackend` over a Search-R1-style retrieval server."""
 
     def __init__(self, config: RetrievalServerConfig) -> None:
         self._config = config

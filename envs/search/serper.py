@@ -1,9 +1,9 @@
 """Web search through a Serper-compatible API (google.serper.dev or a service speaking its protocol).
 
 Real web results are what evaluation on BrowseComp-style benchmarks needs. The client is a plain
-:class:`~envs.search.base.SearchBackend`: ``POST {base_url}/search`` with the key in ``X-API-KEY`` and
+:class:`~turnstile.envs.search.base.SearchBackend`: ``POST {base_url}/search`` with the key in ``X-API-KEY`` and
 ``{"q": query, "num": top_k}``; the ``organic`` results become hits. Failures become
-:class:`~envs.tools.base.ToolError`: rate limits, server errors and timeouts are retryable, other
+:class:`~turnstile.envs.tools.base.ToolError`: rate limits, server errors and timeouts are retryable, other
 client errors are not. Retrying and caching belong to the toolbox, not here.
 
 The HTTP client is created on the first search, so a config-built backend can be pickled and sent to
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from envs.search.base import SearchHit
-from envs.tools.base import Fault, JsonValue, ToolError
+from turnstile.envs.search.base import SearchHit
+from turnstile.envs.tools.base import Fault, JsonValue, ToolError
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ async def post_json(client: httpx.AsyncClient, url: str, payload: Mapping[str, J
 
 
 class SerperSearch:
-    """A :class:`~envs.search.base.SearchBackend` over a Serper-compatible web search API."""
+    """A :class:`~turnstile.envs.search.base.SearchBackend` over a Serper-compatible web search API."""
 
     def __init__(self, config: SerperConfig) -> None:
         api_key = os.environ.get(config.api_key_env, "").strip()

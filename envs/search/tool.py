@@ -9,7 +9,7 @@ Backends are chosen in ``SearchConfig.backend`` through :data:`SEARCH_BACKENDS`,
 plugin mechanism (``envs/plugins.py``): a built-in name (``local``, ``serper``, ``retrieval``,
 registered with ``@register_search_backend("name")``), an entry point of the group
 ``turnstile.search_backends``, or ``package.module:factory``; a factory takes the search config and
-returns a :class:`~envs.search.base.SearchBackend`. :func:`build_search_backend` builds it.
+returns a :class:`~turnstile.envs.search.base.SearchBackend`. :func:`build_search_backend` builds it.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from envs.plugins import Registry
-from envs.search.base import Document, SearchBackend, SearchHit
-from envs.search.local import LocalIndex, LocalIndexConfig
-from envs.search.retrieval import RetrievalServerConfig, RetrievalServerSearch
-from envs.search.serper import SerperConfig, SerperSearch
-from envs.tools.base import JsonObject, JsonValue, ToolError
+from turnstile.envs.plugins import Registry
+from turnstile.envs.search.base import Document, SearchBackend, SearchHit
+from turnstile.envs.search.local import LocalIndex, LocalIndexConfig
+from turnstile.envs.search.retrieval import RetrievalServerConfig, RetrievalServerSearch
+from turnstile.envs.search.serper import SerperConfig, SerperSearch
+from turnstile.envs.tools.base import JsonObject, JsonValue, ToolError
 
 __all__ = [
     "LocalIndexConfig", "RetrievalServerConfig", "SearchConfig", "SearchTool", "SerperConfig",
@@ -89,7 +89,7 @@ def _retrieval_server(cfg: SearchConfig) -> SearchBackend:
 
 
 class SearchTool:
-    """The agent's ``search`` tool over one :class:`~envs.search.base.SearchBackend`."""
+    """The agent's ``search`` tool over one :class:`~turnstile.envs.search.base.SearchBackend`."""
 
     name = "search"
     description = ("Search the web. Give one or more queries; each returns the top results with "

@@ -4,7 +4,7 @@
 gives the first N questions (200 when ``limit`` is unset) of the world of seed S, with evidence URLs
 under ``PREFIX``, the page prefix of the corpus server serving that world
 (``http://host:port/wiki/``, as for every served corpus). ``options`` sets the question mix: any
-field of :class:`~envs.synthetic.questions.QuestionConfig` but ``seed`` (``count`` questions before
+field of :class:`~turnstile.envs.synthetic.questions.QuestionConfig` but ``seed`` (``count`` questions before
 the split, ``min_hops``, ``max_hops``, ``aggregation_fraction``, ``entity_answer_fraction``, ...);
 an unknown one is an error naming the known ones. ``path`` is not used. The kind is found through
 the ``turnstile.datasets`` entry point.
@@ -12,19 +12,19 @@ the ``turnstile.datasets`` entry point.
 
 from __future__ import annotations
 
-from envs.corpus_server import PAGE_PREFIX
-from envs.datasets.generic import DatasetError
-from envs.datasets.registry import DatasetConfig, register_dataset
-from envs.plugins import typed_options
-from envs.synthetic.questions import QuestionConfig, load_synthetic_tasks
-from envs.tasks import Task
+from turnstile.envs.corpus_server import PAGE_PREFIX
+from turnstile.envs.datasets.generic import DatasetError
+from turnstile.envs.datasets.registry import DatasetConfig, register_dataset
+from turnstile.envs.plugins import typed_options
+from turnstile.envs.synthetic.questions import QuestionConfig, load_synthetic_tasks
+from turnstile.envs.tasks import Task
 
 FIXED = ("seed",)  # the dataset config's own seed
 
 
 def question_config(options: dict[str, object]) -> QuestionConfig:
     """The question mix ``options`` asks for, over the defaults (DatasetError when it cannot be):
-    read like every plugin's options (:func:`envs.plugins.typed_options`), ``seed`` excepted (the
+    read like every plugin's options (:func:`turnstile.envs.plugins.typed_options`), ``seed`` excepted (the
     dataset config's own)."""
     fixed = sorted(set(options) & set(FIXED))
     if fixed:

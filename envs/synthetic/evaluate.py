@@ -1,8 +1,8 @@
 """The end-to-end check of the synthetic world: the scripted expert through the real HTTP path.
 
-For each question an episode runs exactly as a policy's would: :class:`~envs.env.SearchBrowseEnv`
+For each question an episode runs exactly as a policy's would: :class:`~turnstile.envs.env.SearchBrowseEnv`
 parses the expert's turns, the toolbox runs ``search`` over a BM25 index of the world and ``visit``
-fetches pages from the loopback :class:`~envs.corpus_server.CorpusServer` (Chromium for the
+fetches pages from the loopback :class:`~turnstile.envs.corpus_server.CorpusServer` (Chromium for the
 JavaScript-only pages), and the expert reads the observations. The report says how many answers are
 right and how many tool calls each question took; the acceptance target is at least 95% correct over
 200 questions with at least 20 questions of 100+ tool calls.
@@ -18,16 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
-from envs.answers import answer_matches
-from envs.corpus_server import CorpusServer, CorpusServerConfig
-from envs.env import EnvConfig, SearchBrowseEnv
-from envs.synthetic.expert import ExpertConfig, ScriptedExpert
-from envs.synthetic.questions import QuestionConfig, generate_tasks
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import WorldConfig, generate_world
-from envs.tasks import Task
-from envs.tools.toolbox import Toolbox
-from envs.toolset import ToolsConfig, build_toolbox
+from turnstile.envs.answers import answer_matches
+from turnstile.envs.corpus_server import CorpusServer, CorpusServerConfig
+from turnstile.envs.env import EnvConfig, SearchBrowseEnv
+from turnstile.envs.synthetic.expert import ExpertConfig, ScriptedExpert
+from turnstile.envs.synthetic.questions import QuestionConfig, generate_tasks
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.toolbox import Toolbox
+from turnstile.envs.toolset import ToolsConfig, build_toolbox
 
 LONG_RUN_CALLS = 100
 

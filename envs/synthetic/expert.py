@@ -1,7 +1,7 @@
 """A scripted expert that solves synthetic-world questions through the real search and visit tools.
 
 It is the reference policy for the synthetic world: it proves every question is answerable through
-the tools (the acceptance run in :mod:`envs.synthetic.evaluate`), gives load tests and the
+the tools (the acceptance run in :mod:`turnstile.envs.synthetic.evaluate`), gives load tests and the
 ``scripted`` policy engine a deterministic agent that makes 10–190 tool calls, and writes
 trajectories in the exact turn format of docs/algorithms.md §1.
 
@@ -23,10 +23,10 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from envs.protocol import FINAL_ANSWER_INSTRUCTION, render_answer, render_tool_call
-from envs.synthetic import reading, schema
-from envs.tasks import Task
-from envs.tools.base import JsonValue
+from turnstile.envs.protocol import FINAL_ANSWER_INSTRUCTION, render_answer, render_tool_call
+from turnstile.envs.synthetic import reading, schema
+from turnstile.envs.tasks import Task
+from turnstile.envs.tools.base import JsonValue
 
 Script = Generator[str, str, None]
 """Yields assistant turns, receives the observation that follows each."""

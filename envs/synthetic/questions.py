@@ -20,11 +20,11 @@ import random
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from envs.synthetic import schema
-from envs.synthetic.render import page_path
-from envs.synthetic.world import Entity, World, WorldConfig, generate_world
-from envs.tasks import Clue, Task
-from envs.tools.base import JsonValue
+from turnstile.envs.synthetic import schema
+from turnstile.envs.synthetic.render import page_path
+from turnstile.envs.synthetic.world import Entity, World, WorldConfig, generate_world
+from turnstile.envs.tasks import Clue, Task
+from turnstile.envs.tools.base import JsonValue
 
 AGGREGATE_OPS = ("count_before", "count_equal", "count_taller", "mode", "earliest")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from envs.protocol import RESPONSE_CLOSE, RESPONSE_OPEN
+from turnstile.envs.protocol import RESPONSE_CLOSE, RESPONSE_OPEN
 
 # A result line: ``N. [title](url)``; the URL may hold balanced parentheses (``/wiki/Tosca_(1956_film)``).
 _RESULT = re.compile(r"^\s*\d+\.\s*\[(?P<title>.*)\]\((?P<url>(?:[^()\s]|\([^()\s]*\))+)\)\s*$", re.MULTILINE)

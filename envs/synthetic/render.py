@@ -2,7 +2,7 @@
 
 Every page has the same shape, chosen so that trafilatura (what the visit tool extracts with) keeps
 all of it: a title, a prose paragraph with links to related pages, a ``Facts`` list of
-``Label: value`` lines (labels from :mod:`envs.synthetic.schema`), and for organisations a
+``Label: value`` lines (labels from :mod:`turnstile.envs.synthetic.schema`), and for organisations a
 ``Members`` list of ``Member: <name> (joined in <year>)`` lines. Plain lists of bare links are dropped
 by trafilatura as navigation, which is why every list item carries its label.
 
@@ -18,9 +18,9 @@ import html
 import json
 from dataclasses import dataclass
 
-from envs.search.base import Document
-from envs.synthetic import schema
-from envs.synthetic.world import Entity, World
+from turnstile.envs.search.base import Document
+from turnstile.envs.synthetic import schema
+from turnstile.envs.synthetic.world import Entity, World
 
 SITE_NAME = "Synthetic Encyclopedia"
 MAX_LISTED = 8  # inverse links (works of a person, ...) shown per page

@@ -7,7 +7,7 @@ people, organisations, cities, countries, works, products and events, each with 
 organisations are *hubs* with 50–150 members, the material of aggregation questions.
 
 The same seed gives the same world, byte for byte; another seed gives other names and facts, so
-nothing can be memorised across seeds. Rendering to pages is :mod:`envs.synthetic.render`.
+nothing can be memorised across seeds. Rendering to pages is :mod:`turnstile.envs.synthetic.render`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from envs.synthetic import schema
-from envs.synthetic.names import NameBook
+from turnstile.envs.synthetic import schema
+from turnstile.envs.synthetic.names import NameBook
 
 _KIND_SHARES = {"organisation": 0.093, "city": 0.107, "country": 0.012, "work": 0.14,
                 "product": 0.067, "event": 0.048}  # people take the rest (about 53%)
@@ -61,7 +61,7 @@ class WorldConfig:
 class Entity:
     """One thing in the world, with its own page.
 
-    ``relations`` maps a relation name of :mod:`envs.synthetic.schema` to the index of the linked
+    ``relations`` maps a relation name of :mod:`turnstile.envs.synthetic.schema` to the index of the linked
     entity. ``joined`` is, for a person, the year they joined the organisation they are a member of.
     """
 

@@ -2,7 +2,7 @@
 
 A tool is an object with a name, a JSON schema for its arguments and an async ``call``. A tool does
 its one job and raises :class:`ToolError` when it cannot; it never formats failures for the agent,
-retries or caches. The :class:`~envs.tools.toolbox.Toolbox` does those things for every tool alike,
+retries or caches. The :class:`~turnstile.envs.tools.toolbox.Toolbox` does those things for every tool alike,
 so each failure mode is handled once.
 """
 

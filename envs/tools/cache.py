@@ -15,7 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
-from envs.tools.base import JsonObject
+from turnstile.envs.tools.base import JsonObject
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from envs.retry import backoff_s
-from envs.tools.base import Fault, JsonObject, Tool, ToolError, fault_of
-from envs.tools.cache import CacheConfig, ToolCache, build_cache, cache_key
+from turnstile.envs.retry import backoff_s
+from turnstile.envs.tools.base import Fault, JsonObject, Tool, ToolError, fault_of
+from turnstile.envs.tools.cache import CacheConfig, ToolCache, build_cache, cache_key
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The visit tool: guarded fetch, main-text extraction, optional rendering and LLM extraction."""
 
-from envs.visit.tool import VisitConfig, VisitTool
+from turnstile.envs.visit.tool import VisitConfig, VisitTool
 
 __all__ = ["VisitConfig", "VisitTool"]

@@ -4,10 +4,10 @@ One headless Chromium (Debian's ``/usr/bin/chromium``; Playwright cannot downloa
 started lazily per renderer and shared by all visits; each visit gets a fresh browser context, so no
 cookies or storage leak between episodes.
 
-Every connection the browser makes goes through an :class:`~envs.visit.egress.EgressProxy` started
+Every connection the browser makes goes through an :class:`~turnstile.envs.visit.egress.EgressProxy` started
 for that visit: the document and each of its redirect hops, scripts, ``fetch``/XHR, iframes, forms,
 meta refreshes, WebSockets, prefetches and preconnects. The proxy asks the
-:class:`~envs.visit.guard.SsrfGuard` at connect time and connects only to the address it checked, so
+:class:`~turnstile.envs.visit.guard.SsrfGuard` at connect time and connects only to the address it checked, so
 no TCP connection to a refused address is opened and DNS rebinding does not get through. Chromium
 is left no way around it (see :data:`EGRESS_ARGS`): its resolver answers only the proxy's own name,
 loopback goes through the proxy too (Playwright's ``<-loopback>`` bypass rule), contexts without a
@@ -38,9 +38,9 @@ from playwright.async_api import (
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-from envs.tools.base import ToolError
-from envs.visit.egress import FAILED_HEADER, REFUSED_HEADER, EgressConfig, EgressProxy, url_authority
-from envs.visit.guard import SsrfGuard
+from turnstile.envs.tools.base import ToolError
+from turnstile.envs.visit.egress import FAILED_HEADER, REFUSED_HEADER, EgressConfig, EgressProxy, url_authority
+from turnstile.envs.visit.guard import SsrfGuard
 
 DEFAULT_ARGS = (
     "--no-sandbox",

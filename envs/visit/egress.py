@@ -5,7 +5,7 @@ WebSockets and WebRTC, some of them (preconnects, speculative sockets) before an
 that Playwright could intercept, and it resolves host names itself after any check (DNS
 rebinding). So the renderer sends each browser context through one of these proxies and leaves
 Chromium no DNS of its own: the proxy resolves each target once with the guard
-(:meth:`~envs.visit.guard.SsrfGuard.check_host`) and connects only to an address that check
+(:meth:`~turnstile.envs.visit.guard.SsrfGuard.check_host`) and connects only to an address that check
 returned, at connect time — the same rule as ``GuardedNetworkBackend`` in the static fetch.
 
 It is ours, not an off-the-shelf proxy, because those (proxy.py, for one) connect by host name: the
@@ -28,8 +28,8 @@ import contextlib
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from envs.tools.base import ToolError
-from envs.visit.guard import SsrfGuard
+from turnstile.envs.tools.base import ToolError
+from turnstile.envs.visit.guard import SsrfGuard
 
 REFUSED_HEADER = "X-Turnstile-Egress-Refused"  # on a 403 for a target the guard refused
 FAILED_HEADER = "X-Turnstile-Egress-Failed"  # on the proxy's other answers (502...): the reason

@@ -2,7 +2,7 @@
 
 Bounded because the agent picks URLs: every fetch has connect/read timeouts and a total deadline, at
 most ``max_redirects`` hops and at most ``max_bytes`` of body. Guarded twice: each hop's URL is checked
-by the :class:`~envs.visit.guard.SsrfGuard` before any request is made (that gives the agent a clear
+by the :class:`~turnstile.envs.visit.guard.SsrfGuard` before any request is made (that gives the agent a clear
 "blocked" message), and the connection itself is opened by :class:`GuardedNetworkBackend`, which
 resolves the host once, checks every address and connects to a checked address — so a DNS answer that
 changes between the check and the connect (DNS rebinding) cannot reach a private address.
@@ -24,8 +24,8 @@ from typing import Literal
 import httpcore
 import httpx
 
-from envs.tools.base import Fault, ToolError
-from envs.visit.guard import SsrfGuard
+from turnstile.envs.tools.base import Fault, ToolError
+from turnstile.envs.visit.guard import SsrfGuard
 
 _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)

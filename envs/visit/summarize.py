@@ -5,7 +5,7 @@ the page with the agent's stated goal and returns the relevant evidence and a sh
 module calls any OpenAI-compatible ``POST {base_url}/chat/completions`` endpoint for that and asks for
 a JSON object ``{"rational", "evidence", "summary"}`` (field names as in those agents' prompts).
 
-The request goes through the shared :class:`~envs.chat_client.ChatClient` (its config is the
+The request goes through the shared :class:`~turnstile.envs.chat_client.ChatClient` (its config is the
 extractor's, plus ``enabled``), which is the only retry layer. Failure policy, chosen so that the
 observation stays useful and failures stay visible:
 - a reply that cannot be parsed (no JSON object, even tolerating code fences and JSON5, or no
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import json5
 
-from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
-from envs.retry import longest_backoff_s
-from envs.tools.base import ToolError
+from turnstile.envs.chat_client import ChatClient, ChatClientConfig, ChatMessage, ChatUnavailable
+from turnstile.envs.retry import longest_backoff_s
+from turnstile.envs.tools.base import ToolError
 
 PROMPT = """You read a web page for a research agent. Find what in the page serves the agent's goal.
 

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
-from envs.tools.base import JsonObject, JsonValue, ToolError
-from envs.visit.browser import BrowserConfig, BrowserRenderer
-from envs.visit.extract import ExtractConfig, extract_text
-from envs.visit.fetch import FetchConfig, Fetcher
-from envs.visit.guard import GuardConfig, Resolver, SsrfGuard
-from envs.visit.summarize import ExtractorConfig, LlmExtractor
-from envs.visit.tokens import TokenConfig, TokenCounter, build_counter, fit_to_budget
+from turnstile.envs.tools.base import JsonObject, JsonValue, ToolError
+from turnstile.envs.visit.browser import BrowserConfig, BrowserRenderer
+from turnstile.envs.visit.extract import ExtractConfig, extract_text
+from turnstile.envs.visit.fetch import FetchConfig, Fetcher
+from turnstile.envs.visit.guard import GuardConfig, Resolver, SsrfGuard
+from turnstile.envs.visit.summarize import ExtractorConfig, LlmExtractor
+from turnstile.envs.visit.tokens import TokenConfig, TokenCounter, build_counter, fit_to_budget
 
 RenderMode = Literal["never", "auto", "always"]
 SEPARATOR = "\n=======\n"

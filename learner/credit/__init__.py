@@ -1,19 +1,19 @@
 """Credit assignment: per-turn advantages from scored trajectories (docs/algorithms.md §3–7).
 
-Framework-independent: estimators read the rollout's trajectories (:mod:`rollout.trajectory`; a
-turn-record file, :mod:`learner.credit.records`, is read into the same type), look each
-other up by name (:mod:`learner.credit.registry`) and share one normalisation
-(:mod:`learner.credit.normalize`). Run one on a file with::
+Framework-independent: estimators read the rollout's trajectories (:mod:`turnstile.rollout.trajectory`; a
+turn-record file, :mod:`turnstile.learner.credit.records`, is read into the same type), look each
+other up by name (:mod:`turnstile.learner.credit.registry`) and share one normalisation
+(:mod:`turnstile.learner.credit.normalize`). Run one on a file with::
 
     turnstile credit --estimator igpo --in scored.jsonl --out credited.jsonl norm=joint
 """
 
-from learner.credit import estimators as _estimators  # noqa: F401  (registers grpo, abc_grpo, gspo_round)
-from learner.credit import igpo as _igpo  # noqa: F401  (registers igpo)
-from learner.credit.estimators import AbcGrpoOptions, GrpoOptions, GspoRoundOptions, abc_sft_weight
-from learner.credit.igpo import IgpoOptions, IgType, assign_information_gain
-from learner.credit.normalize import EPS, Norm, discount_over_boundaries, group_normalize, ig_scale
-from learner.credit.records import (
+from turnstile.learner.credit import estimators as _estimators  # noqa: F401  (registers grpo, abc_grpo, gspo_round)
+from turnstile.learner.credit import igpo as _igpo  # noqa: F401  (registers igpo)
+from turnstile.learner.credit.estimators import AbcGrpoOptions, GrpoOptions, GspoRoundOptions, abc_sft_weight
+from turnstile.learner.credit.igpo import IgpoOptions, IgType, assign_information_gain
+from turnstile.learner.credit.normalize import EPS, Norm, discount_over_boundaries, group_normalize, ig_scale
+from turnstile.learner.credit.records import (
     CreditInputError,
     Group,
     GroupCredit,
@@ -26,7 +26,7 @@ from learner.credit.records import (
     trajectory_from_object,
     write_records,
 )
-from learner.credit.registry import (
+from turnstile.learner.credit.registry import (
     ESTIMATORS,
     CreditResult,
     Estimator,

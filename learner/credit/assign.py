@@ -1,6 +1,6 @@
 """Credit assignment on the rollout's own trajectories, and the broadcast to tokens.
 
-The estimators read :class:`rollout.trajectory.Trajectory` objects, the rollout's own (a turn-record
+The estimators read :class:`turnstile.rollout.trajectory.Trajectory` objects, the rollout's own (a turn-record
 file is read into the same type: ``records.py``). This module writes the estimator's per-turn credit
 onto the trajectories' turns, and turns a segment's turn advantages
 into per-token advantages: every response token carries its turn's advantage, prompt and observation
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from learner.credit.records import group_by_uid
-from learner.credit.registry import CreditResult, Estimator
-from rollout.trajectory import Segment, Trajectory
+from turnstile.learner.credit.records import group_by_uid
+from turnstile.learner.credit.registry import CreditResult, Estimator
+from turnstile.rollout.trajectory import Segment, Trajectory
 
 
 def assign_credit(trajectories: Sequence[Trajectory], estimator: Estimator) -> CreditResult:

@@ -1,6 +1,6 @@
 """Outcome and step-score estimators: ``grpo``, ``abc_grpo`` and ``gspo_round`` (docs/algorithms.md §6–7).
 
-The information-gain estimator ``igpo`` has its own module (:mod:`learner.credit.igpo`); what these
+The information-gain estimator ``igpo`` has its own module (:mod:`turnstile.learner.credit.igpo`); what these
 three share is that every turn is credited from one kind of reward normalised within its group.
 """
 
@@ -10,8 +10,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from envs.protocol import StopReason
-from learner.credit.normalize import (
+from turnstile.envs.protocol import StopReason
+from turnstile.learner.credit.normalize import (
     Norm,
     discount_over_boundaries,
     group_normalize,
@@ -20,9 +20,9 @@ from learner.credit.normalize import (
     normalize_pooled,
     normalize_separately,
 )
-from learner.credit.records import CreditInputError, Group, GroupCredit, TurnCredit, origin, turn_numbers
-from learner.credit.registry import CreditResult, Estimator, register
-from rollout.trajectory import Trajectory
+from turnstile.learner.credit.records import CreditInputError, Group, GroupCredit, TurnCredit, origin, turn_numbers
+from turnstile.learner.credit.registry import CreditResult, Estimator, register
+from turnstile.rollout.trajectory import Trajectory
 
 
 def abc_sft_weight(score: float) -> float:

@@ -15,8 +15,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from learner.credit.estimators import check_format_penalty, check_gamma, outcome_reward
-from learner.credit.normalize import (
+from turnstile.learner.credit.estimators import check_format_penalty, check_gamma, outcome_reward
+from turnstile.learner.credit.normalize import (
     Norm,
     Rewards,
     discount_over_boundaries,
@@ -26,9 +26,9 @@ from learner.credit.normalize import (
     normalize_pooled,
     normalize_separately,
 )
-from learner.credit.records import Group, GroupCredit, TurnCredit, origin, turn_numbers
-from learner.credit.registry import CreditResult, Estimator, register
-from rollout.trajectory import Trajectory
+from turnstile.learner.credit.records import Group, GroupCredit, TurnCredit, origin, turn_numbers
+from turnstile.learner.credit.registry import CreditResult, Estimator, register
+from turnstile.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

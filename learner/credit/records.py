@@ -15,7 +15,7 @@ trajectory or of a turn, is kept and written back unchanged; the estimator adds 
 ``reward`` (and its own fields) to every turn. Every number in the file, in any field, must be
 finite: JSON has no ``NaN`` or ``Infinity``, and neither is written.
 
-A line is read into a :class:`Record`: a :class:`rollout.trajectory.Trajectory` (the type every
+A line is read into a :class:`Record`: a :class:`turnstile.rollout.trajectory.Trajectory` (the type every
 estimator takes) without tokens, which keeps its line for messages and the object as read, so that
 the credit is written back into it.
 """
@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from envs.files import atomic_write
-from envs.protocol import StopReason
-from rollout.trajectory import Segment, Trajectory, Turn
+from turnstile.envs.files import atomic_write
+from turnstile.envs.protocol import StopReason
+from turnstile.rollout.trajectory import Segment, Trajectory, Turn
 
 
 class CreditInputError(ValueError):

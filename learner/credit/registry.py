@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
-from envs.plugins import Registry, typed_options
-from learner.credit.records import Group, GroupCredit
+from turnstile.envs.plugins import Registry, typed_options
+from turnstile.learner.credit.records import Group, GroupCredit
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,10 @@ class Estimator(ABC):
     - ``Options`` is a dataclass whose fields are the estimator's options and whose defaults are
       those of docs/algorithms.md; ``__init__`` takes one instance of it (validated on construction).
     - :meth:`assign` receives the whole batch: estimators with batch-wide statistics (IG-Scale)
-      compute them over it. It returns one :class:`~learner.credit.records.TurnCredit` per turn of
+      compute them over it. It returns one :class:`~turnstile.learner.credit.records.TurnCredit` per turn of
       every trajectory, in the order given, with a finite advantage; it does not modify its input.
     - A trajectory lacking a field the estimator reads raises
-      :class:`~learner.credit.records.CreditInputError` naming the line and field.
+      :class:`~turnstile.learner.credit.records.CreditInputError` naming the line and field.
     - Permuting the trajectories of a group permutes their credit and changes nothing else.
     """
 

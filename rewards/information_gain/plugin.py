@@ -1,6 +1,6 @@
 """The ``information_gain`` reward plugin: ``v_s`` before every turn, scored by a policy model.
 
-Wraps :func:`rewards.information_gain.values.information_gain_values` with the transformers scorer that
+Wraps :func:`turnstile.rewards.information_gain.values.information_gain_values` with the transformers scorer that
 reuses one KV cache per segment (``O(L + T·R)``). The scoring model should be the weights that
 generated the trajectory (the behaviour policy, docs/algorithms.md §4):
 
@@ -22,12 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from envs.tasks import Task
-from rewards.base import RewardPlugin
-from rewards.information_gain.values import GoldScorer, information_gain_values
-from rollout.chat import ChatFormat
-from rollout.model_store import closest_version, resolve_model
-from rollout.trajectory import Trajectory
+from turnstile.envs.tasks import Task
+from turnstile.rewards.base import RewardPlugin
+from turnstile.rewards.information_gain.values import GoldScorer, information_gain_values
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.model_store import closest_version, resolve_model
+from turnstile.rollout.trajectory import Trajectory
 
 
 @dataclass
@@ -74,7 +74,7 @@ class InformationGain(RewardPlugin):
         import torch
         from transformers import AutoModelForCausalLM
 
-        from rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
+        from turnstile.rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, self.config.dtype))
         model.eval()

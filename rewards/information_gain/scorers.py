@@ -35,11 +35,11 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from rewards.information_gain.values import SegmentBoundaries
+from turnstile.rewards.information_gain.values import SegmentBoundaries
 
 
 class HFInformationGainScorer:
-    """A :class:`~rewards.information_gain.values.GoldScorer` that reuses each segment's KV cache.
+    """A :class:`~turnstile.rewards.information_gain.values.GoldScorer` that reuses each segment's KV cache.
 
     ``model`` is a transformers causal LM holding the behaviour policy's weights; it is put in eval
     mode and used as it is (device and dtype included).
@@ -50,7 +50,7 @@ class HFInformationGainScorer:
         if "flash" in attention:
             raise ValueError(f"{attention} takes no custom attention mask; load the model with "
                              "attn_implementation='sdpa' or 'eager', or score it with "
-                             "rewards.information_gain.scorers.PerPrefixScorer")
+                             "turnstile.rewards.information_gain.scorers.PerPrefixScorer")
         self.model = model.eval()
         self.max_mask_elements = max_mask_elements
         self._additive_mask = attention == "eager"  # eager adds the mask; SDPA takes booleans
@@ -138,7 +138,7 @@ class HFInformationGainScorer:
 
 
 class PerPrefixScorer:
-    """The naive :class:`~rewards.information_gain.values.GoldScorer`: one full forward per boundary.
+    """The naive :class:`~turnstile.rewards.information_gain.values.GoldScorer`: one full forward per boundary.
 
     ``O(T·L)`` token forwards; the reference :class:`HFInformationGainScorer` must equal (1e-4).
     """

@@ -23,9 +23,9 @@ it (``"Inc.\\n"`` in Qwen's pre-tokeniser); the model is scored on a valid split
 
 Scorers (:class:`GoldScorer`) compute the gold log-probs of every boundary of a trajectory:
 
-- :class:`rewards.information_gain.scorers.HFInformationGainScorer`: transformers, one forward over each segment's
-  context and its KV cache reused for every boundary — ``O(L + T·R)`` token forwards.
-- :class:`EngineGoldScorer`: any :class:`~rollout.engines.base.PolicyEngine` (the vLLM path): one
+- :class:`~turnstile.rewards.information_gain.scorers.HFInformationGainScorer`: transformers, one forward over
+  each segment's context and its KV cache reused for every boundary — ``O(L + T·R)`` token forwards.
+- :class:`EngineGoldScorer`: any :class:`~turnstile.rollout.engines.base.PolicyEngine` (the vLLM path): one
   ``score`` request per boundary (context prefix + pseudo-response), the longest first so that the
   others find the segment's context in vLLM's prefix cache. vLLM 0.32 turns the cache off for
   prompt log-prob requests by default; ``VllmEngine.score`` turns it back on and reruns a request in
@@ -43,10 +43,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from envs.protocol import THINK_OPEN
-from rollout.chat import ChatFormat
-from rollout.engines.base import PolicyEngine
-from rollout.trajectory import Trajectory
+from turnstile.envs.protocol import THINK_OPEN
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.base import PolicyEngine
+from turnstile.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ class EngineConfig:
     scripted) or ``package.module:Class``. ``model`` is a Hugging Face model directory or hub name;
     empty means the default tiny model, built locally on first use (``turnstile build-model``).
     The built-in engines read their section (``hf``, ``vllm``, ``scripted``); an engine from another
-    package reads ``options`` (with :func:`envs.plugins.typed_options` and a dataclass of its own).
+    package reads ``options`` (with :func:`turnstile.envs.plugins.typed_options` and a dataclass of its own).
     """
 
     kind: str = "vllm"

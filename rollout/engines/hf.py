@@ -1,7 +1,7 @@
 """The transformers policy engine: the slow, plainly written reference the other engines are held to.
 
 vLLM is what serves rollouts; this engine exists so there is an implementation of the
-:class:`~rollout.engines.base.PolicyEngine` contract simple enough to trust by reading it. The
+:class:`~turnstile.rollout.engines.base.PolicyEngine` contract simple enough to trust by reading it. The
 conformance suite (``tests/test_engine_conformance.py``) runs every engine against the same checks,
 and compares vLLM's log-probs with this engine's on the same weights.
 
@@ -39,10 +39,10 @@ from collections.abc import Mapping, Sequence
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
-from rollout.engines.config import EngineConfig
-from rollout.engines.shape import follow_model
-from rollout.model_store import resolve_model
+from turnstile.rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.shape import follow_model
+from turnstile.rollout.model_store import resolve_model
 
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                                   "float16": torch.float16}
@@ -89,7 +89,7 @@ def sample_token(logits: torch.Tensor, sampling: SamplingParams,
 
 
 class HFEngine:
-    """A :class:`~rollout.engines.base.PolicyEngine` on a transformers causal LM, one request at a time.
+    """A :class:`~turnstile.rollout.engines.base.PolicyEngine` on a transformers causal LM, one request at a time.
 
     Build it with :meth:`from_config`; the constructor takes an already loaded model (tests use
     that to serve a model they built themselves).

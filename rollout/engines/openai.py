@@ -2,7 +2,7 @@
 server this project does not run), so it can be evaluated through the same environment, tools,
 context managers and judges as the policies we train.
 
-The rollout owns tokenisation (:mod:`rollout.engines.base`), so this engine turns the prompt ids
+The rollout owns tokenisation (:mod:`turnstile.rollout.engines.base`), so this engine turns the prompt ids
 back into chat messages with the tokenizer of ``engine.model`` (its chat template's frames: the
 text the template writes around each role's message), sends them, and tokenises the reply with
 the same tokenizer, the template's end-of-turn token appended. What it cannot give:
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import torch
 
-from envs.chat_client import ChatClient, ChatClientConfig, ChatMessage
-from envs.plugins import typed_options
-from rollout.chat import ChatFormat
-from rollout.engines.base import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
-from rollout.engines.config import EngineConfig
+from turnstile.envs.chat_client import ChatClient, ChatClientConfig, ChatMessage
+from turnstile.envs.plugins import typed_options
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.base import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -58,7 +58,7 @@ class OpenAIEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> OpenAIEngine:
-        from rollout.model_store import resolve_model
+        from turnstile.rollout.model_store import resolve_model
 
         options = typed_options(OpenAIOptions, config.options, "engine 'openai'", error=ValueError)
         client = ChatClientConfig(base_url=options.base_url, model=options.model, api_key_env=options.api_key_env,

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from envs.plugins import Registry
-from rollout.engines.base import PolicyEngine
-from rollout.engines.config import EngineConfig
+from turnstile.envs.plugins import Registry
+from turnstile.rollout.engines.base import PolicyEngine
+from turnstile.rollout.engines.config import EngineConfig
 
 ENTRY_POINT_GROUP = "turnstile.engines"
 

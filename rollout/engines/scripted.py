@@ -7,14 +7,14 @@ workers, router, store) runs exactly as with a model.
   tasks, whose clue chains the expert follows: an oracle for HotpotQA) reads its context like a real
   policy: it decodes the prompt ids of the last
   user message and of the first (the question: its first paragraph) and asks the episode's
-  :class:`~envs.synthetic.expert.ScriptedExpert` for its next turn, given the last message as the
+  :class:`~turnstile.envs.synthetic.expert.ScriptedExpert` for its next turn, given the last message as the
   observation. Only those two messages are decoded, so a turn costs the same late in a long episode.
   When the last user message is itself a known question (its first paragraph), a new episode starts.
   One expert per episode, keyed by ``affinity`` (or by the question when there is none). The tasks
   of the synthetic world of ``scripted.world_seed`` are built once, to map questions to their plans.
   With ``report=True`` every turn carries a ``<report>`` (the iter_research protocol).
 - ``mode="replay"`` replays, per episode, the response ids of a recorded trajectory of the same
-  question (JSONL of :mod:`rollout.trajectory`), turn after turn; several recordings of one question
+  question (JSONL of :mod:`turnstile.rollout.trajectory`), turn after turn; several recordings of one question
   are used in turn.
 
 Log-probs are 0.0 in expert mode (the recorded ones in replay), ``score`` returns zeros, and
@@ -31,16 +31,16 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from envs.protocol import REPORT_CLOSE, REPORT_OPEN, THINK_CLOSE, parse_turn
-from envs.synthetic.dataset import question_config
-from envs.synthetic.expert import ExpertConfig, ScriptedExpert
-from envs.synthetic.questions import generate_tasks
-from envs.synthetic.world import WorldConfig, generate_world
-from envs.tasks import Task
-from rollout.chat import ChatFormat
-from rollout.engines.base import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
-from rollout.engines.config import EngineConfig, ScriptedEngineConfig
-from rollout.trajectory import Trajectory, Turn, load_trajectories
+from turnstile.envs.protocol import REPORT_CLOSE, REPORT_OPEN, THINK_CLOSE, parse_turn
+from turnstile.envs.synthetic.dataset import question_config
+from turnstile.envs.synthetic.expert import ExpertConfig, ScriptedExpert
+from turnstile.envs.synthetic.questions import generate_tasks
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.tasks import Task
+from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.base import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig, ScriptedEngineConfig
+from turnstile.rollout.trajectory import Trajectory, Turn, load_trajectories
 
 MAX_OPEN_EPISODES = 10_000  # episodes abandoned mid-way (timeouts) are forgotten beyond this
 
@@ -115,7 +115,7 @@ class ScriptedEngine:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> ScriptedEngine:
-        from rollout.model_store import resolve_model
+        from turnstile.rollout.model_store import resolve_model
 
         chat = ChatFormat.from_pretrained(resolve_model(config.model))
         scripted = config.scripted
@@ -281,7 +281,7 @@ def _expert_tasks(scripted: ScriptedEngineConfig) -> list[Task]:
     """The tasks the expert knows: ``scripted.data``'s (every split: the rollout picks), else the
     synthetic world's questions with the synthetic data set's options."""
     if scripted.data:
-        from envs.datasets.registry import DatasetConfig, load_tasks
+        from turnstile.envs.datasets.registry import DatasetConfig, load_tasks
 
         # Every split (the rollout picks its tasks); the expert finds a clue's page by the last part of
         # its address, so the corpus server's address is not needed here.

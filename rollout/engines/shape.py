@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.config import EngineConfig
 
 # The names model configs give their maximum sequence length (vLLM reads the same ones; the
 # smallest wins) and their key-value head count.

@@ -1,6 +1,6 @@
 """A simulated policy engine: the scripted expert's turns at a model server's speed.
 
-What is real: the turns (the synthetic world's expert, :mod:`rollout.engines.scripted`, so every
+What is real: the turns (the synthetic world's expert, :mod:`turnstile.rollout.engines.scripted`, so every
 episode runs the real environment, tools, workers, router and store), the token counts, and the
 waiting. What is simulated: the time a model server would take. Each request holds one of
 ``concurrency`` sequence slots of the replica (a continuous-batching server's batch) for
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from envs.plugins import typed_options
-from rollout.engines.base import Generation, SamplingParams
-from rollout.engines.config import EngineConfig
-from rollout.engines.scripted import ScriptedEngine
+from turnstile.envs.plugins import typed_options
+from turnstile.rollout.engines.base import Generation, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.scripted import ScriptedEngine
 
 _CACHED_EPISODES = 4096  # episodes whose prefix a replica remembers
 

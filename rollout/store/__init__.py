@@ -10,8 +10,8 @@ items on a restart (``tests/test_store_durability.py`` kills and restarts real s
 
 from __future__ import annotations
 
-from envs.plugins import Registry
-from rollout.store.base import (
+from turnstile.envs.plugins import Registry
+from turnstile.rollout.store.base import (
     FINISHED,
     SCORED,
     Claimed,

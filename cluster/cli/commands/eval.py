@@ -1,5 +1,5 @@
 """``turnstile eval``: k samples of every benchmark question on the fleet, pass@k, avg@k and maj@k
-(see :mod:`cluster.jobs.eval`).
+(see :mod:`turnstile.cluster.jobs.eval`).
 
     turnstile eval                                              # the warm start on the synthetic held-out questions
     turnstile eval --config examples/eval.yaml k=8 rollout.engine.model=DIR out=runs/eval-x
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.cli.logs import add_verbose_argument, console_logging, worker_logs
+from turnstile.cluster.cli.logs import add_verbose_argument, console_logging, worker_logs
 
 NAME = "eval"
 HELP = "Evaluate a policy on benchmarks: k samples per question, pass@1..k, avg@k, maj@k (resumable)."
@@ -28,13 +28,13 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from ray.exceptions import RayError
 
-    from cluster.cli.config import dump_config, load_config
-    from cluster.fleet.dispatch import NoWorkersLeft
-    from cluster.jobs.eval import EvalJob, render, run_eval
-    from cluster.jobs.session import init_ray
-    from envs.corpus_server import CorpusServerError
-    from rollout.errors import describe_error
-    from rollout.fleet import EngineStartError
+    from turnstile.cluster.cli.config import dump_config, load_config
+    from turnstile.cluster.fleet.dispatch import NoWorkersLeft
+    from turnstile.cluster.jobs.eval import EvalJob, render, run_eval
+    from turnstile.cluster.jobs.session import init_ray
+    from turnstile.envs.corpus_server import CorpusServerError
+    from turnstile.rollout.errors import describe_error
+    from turnstile.rollout.fleet import EngineStartError
 
     try:
         cfg = load_config(EvalJob, args.config, args.overrides)

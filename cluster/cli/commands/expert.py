@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from tqdm import tqdm
 
-    from envs.synthetic.evaluate import QuestionResult, evaluate_expert
+    from turnstile.envs.synthetic.evaluate import QuestionResult, evaluate_expert
 
     if args.questions < 1 or args.concurrency < 1:
         print("turnstile expert: --questions and --concurrency must be at least 1")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.cli.logs import add_verbose_argument, console_logging
+from turnstile.cluster.cli.logs import add_verbose_argument, console_logging
 
 NAME = "rollout"
 HELP = "Roll out G samples per task on Ray and write trajectories (JSONL) with a summary."
@@ -29,13 +29,13 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from ray.exceptions import RayError
 
-    from cluster.cli.config import ConfigError, dump_config, load_config
-    from cluster.fleet.dispatch import NoWorkersLeft
-    from cluster.jobs.rollout import rollout_logs, run_rollout
-    from cluster.jobs.session import RolloutJob, init_ray
-    from envs.corpus_server import CorpusServerError
-    from rollout.errors import describe_error
-    from rollout.fleet import EngineStartError
+    from turnstile.cluster.cli.config import ConfigError, dump_config, load_config
+    from turnstile.cluster.fleet.dispatch import NoWorkersLeft
+    from turnstile.cluster.jobs.rollout import rollout_logs, run_rollout
+    from turnstile.cluster.jobs.session import RolloutJob, init_ray
+    from turnstile.envs.corpus_server import CorpusServerError
+    from turnstile.rollout.errors import describe_error
+    from turnstile.rollout.fleet import EngineStartError
 
     try:
         cfg = load_config(RolloutJob, args.config, args.overrides)

@@ -23,11 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
-    from cluster.cli.config import ConfigError, load_config
-    from cluster.jobs.score import ScoreJob, score_file
-    from learner.credit import CreditInputError
-    from rewards.base import RewardError
-    from rollout.trajectory import TrajectoryError
+    from turnstile.cluster.cli.config import ConfigError, load_config
+    from turnstile.cluster.jobs.score import ScoreJob, score_file
+    from turnstile.learner.credit import CreditInputError
+    from turnstile.rewards.base import RewardError
+    from turnstile.rollout.trajectory import TrajectoryError
 
     try:
         cfg = load_config(ScoreJob, args.config, args.overrides)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import threading
 
-from envs.corpus import read_corpus
-from envs.corpus_server import CorpusServer, CorpusServerConfig
-from envs.search.base import Document
-from envs.synthetic.render import world_documents
-from envs.synthetic.world import WorldConfig, generate_world
+from turnstile.envs.corpus import read_corpus
+from turnstile.envs.corpus_server import CorpusServer, CorpusServerConfig
+from turnstile.envs.search.base import Document
+from turnstile.envs.synthetic.render import world_documents
+from turnstile.envs.synthetic.world import WorldConfig, generate_world
 
 NAME = "serve-corpus"
 HELP = "Serve the synthetic world (default) or a JSONL corpus as HTML pages over HTTP."

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.cli.logs import add_verbose_argument, console_logging, worker_logs
+from turnstile.cluster.cli.logs import add_verbose_argument, console_logging, worker_logs
 
 NAME = "sft"
 HELP = "Supervised fine-tuning on trajectories or chat rows, with evaluation before and after."
@@ -32,13 +32,13 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from ray.exceptions import RayError
 
-    from cluster.cli.config import ConfigError, dump_config, load_config
-    from cluster.jobs.session import init_ray
-    from cluster.jobs.sft import SftJob, run_sft
-    from cluster.jobs.train import resume_hint
-    from learner.sft import SftDataError
-    from learner.trainer import LearnerError
-    from rollout.errors import describe_error
+    from turnstile.cluster.cli.config import ConfigError, dump_config, load_config
+    from turnstile.cluster.jobs.session import init_ray
+    from turnstile.cluster.jobs.sft import SftJob, run_sft
+    from turnstile.cluster.jobs.train import resume_hint
+    from turnstile.learner.sft import SftDataError
+    from turnstile.learner.trainer import LearnerError
+    from turnstile.rollout.errors import describe_error
 
     try:
         job = load_config(SftJob, args.config, args.overrides)

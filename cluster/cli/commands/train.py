@@ -1,4 +1,4 @@
-"""``turnstile train``: the main job (see :mod:`cluster.jobs.train`).
+"""``turnstile train``: the main job (see :mod:`turnstile.cluster.jobs.train`).
 
     turnstile train                                   # the embedded default: synthetic world, tiny model, CPU
     turnstile train --config examples/train.yaml steps=20 rollout.group_size=8
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.cli.logs import add_verbose_argument, console_logging, worker_logs
+from turnstile.cluster.cli.logs import add_verbose_argument, console_logging, worker_logs
 
 NAME = "train"
 HELP = "Train the policy: rollouts, rewards, credit, veRL updates and weight publishing, step by step."
@@ -29,17 +29,17 @@ def run(args: argparse.Namespace) -> int:
     # imported here: the command line (and --help) starts without them
     from ray.exceptions import RayError
 
-    from cluster.cli.config import dump_config, load_config
-    from cluster.fleet.dispatch import NoWorkersLeft
-    from cluster.jobs.run import TrainJob, check
-    from cluster.jobs.session import init_ray
-    from cluster.jobs.train import learning_line, resume_hint, run_train, where_outputs_are
-    from envs.corpus_server import CorpusServerError
-    from learner.publish import PublishError
-    from rewards.service import RewardServiceError
-    from rollout.errors import describe_error
-    from rollout.fleet import EngineStartError
-    from rollout.store import StoreError
+    from turnstile.cluster.cli.config import dump_config, load_config
+    from turnstile.cluster.fleet.dispatch import NoWorkersLeft
+    from turnstile.cluster.jobs.run import TrainJob, check
+    from turnstile.cluster.jobs.session import init_ray
+    from turnstile.cluster.jobs.train import learning_line, resume_hint, run_train, where_outputs_are
+    from turnstile.envs.corpus_server import CorpusServerError
+    from turnstile.learner.publish import PublishError
+    from turnstile.rewards.service import RewardServiceError
+    from turnstile.rollout.errors import describe_error
+    from turnstile.rollout.fleet import EngineStartError
+    from turnstile.rollout.store import StoreError
 
     overrides = list(args.overrides) + (["resume=true"] if args.resume else [])
     try:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cluster.tools.view import PageSummary, ViewError, find_sources, write_page
+from turnstile.cluster.tools.view import PageSummary, ViewError, find_sources, write_page
 
 NAME = "view"
 HELP = ("Write one self-contained HTML page to browse trajectory files (rollouts, scored, credited) or a "
