@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from turnstile.cluster.jobs.defaults import MULTIHOP_TASKS
 from turnstile.rollout.model_store import BUILD_INFO, ITER_MODEL, MULTIHOP_MODEL
 from turnstile.rollout.trajectory import load_trajectories
@@ -145,12 +147,15 @@ ARM_MODELS = {arm: ITER_MODEL for arm in ("iter_research_gspo", "iter_research_g
 
 
 def finished(out: Path) -> bool:
-    state = out / "run.json"
-    if not state.is_file():
+    """Whether the run in ``out`` reached its last step (``steps`` in its ``config.yaml``) with its
+    step-0 and final evaluations: a run killed after the step-0 evaluation has both rows at step 0."""
+    state, config = out / "run.json", out / "config.yaml"
+    if not (state.is_file() and config.is_file()):
         return False
     data = json.loads(state.read_text())
     history = data.get("history", [])
-    return bool(history) and "eval/accuracy" in history[-1] and history[-1]["step"] == data["step"] and \
+    steps = int(OmegaConf.load(config).get("steps", -1))
+    return bool(history) and "eval/accuracy" in history[-1] and history[-1]["step"] == data["step"] == steps and \
         any(row["step"] == 0 for row in history)
 
 

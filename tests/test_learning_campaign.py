@@ -71,3 +71,15 @@ def test_the_multihop_arms_get_their_own_table(tmp_path: Path) -> None:
     assert "| 21.0 ± 1.4 |" in rows["mh_igpo"] and "+9.0 [" in rows["mh_igpo"] and "| 90.0 ± 0.0 |" in rows["mh_igpo"]
     assert "| 26.0 ± 1.4 / 16.0 ± 1.4 |" in rows["mh_igpo"]  # after, 2 and 3 hops
     assert (tmp_path / "learning-multihop.png").is_file() and text.rstrip().endswith("<!-- multihop-table -->")
+
+
+def test_a_run_killed_after_its_first_evaluation_is_not_finished(tmp_path: Path) -> None:
+    out = tmp_path / "mh_igpo" / "seed0"
+    out.mkdir(parents=True)
+    (out / "config.yaml").write_text("steps: 20\neval_every: 10\n")
+    row = {"step": 0.0, "eval/accuracy": 0.16}
+    (out / "run.json").write_text(json.dumps({"step": 0, "history": [row]}))
+    assert not learning.finished(out)
+    rows = [row, *({"step": float(s), "reward/mean": 0.0} for s in range(1, 20)), {"step": 20.0, "eval/accuracy": 0.1}]
+    (out / "run.json").write_text(json.dumps({"step": 20, "history": rows}))
+    assert learning.finished(out)
