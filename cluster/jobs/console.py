@@ -153,7 +153,7 @@ class TrainConsole:
 
     def stage(self, name: str, total: int = 0) -> Tally:
         """The current step is now in stage ``name``; with ``total`` episodes to run, the returned
-        tally counts them (what :func:`turnstile.cluster.jobs.rollout.collect` updates)."""
+        tally counts them (what :meth:`turnstile.cluster.jobs.session.FleetSession.generate` updates)."""
         with self._lock:
             self.stage_name, self.stage_done, self.stage_total = name, 0, total
             self._stage_started = time.monotonic()
