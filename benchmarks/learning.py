@@ -59,7 +59,7 @@ MULTIHOP = [f"rollout.data.options={MULTIHOP_MIX}", f"eval_data.options={MULTIHO
             "rollout.episode.env.max_turns=8", "rollout.episode.context_budget=4096", "steps=20", "eval_every=10"]
 MULTIHOP_ARMS = ("mh_grpo", "mh_igpo", "mh_igpo_every", "mh_abc_grpo", "mh_grpo_unanswered0", "mh_igpo_unanswered0",
                  "mh_igpo_unanswered0_live", "mh_grpo_seqmean", "mh_abc_grpo_seqmean", "mh_igpo_seqmean",
-                 "mh_grpo_placebo", "mh_grpo_lr3e5", "mh_abc_grpo_lr3e5")
+                 "mh_grpo_placebo", "mh_grpo_lr3e5", "mh_abc_grpo_lr3e5", "mh_igpo_lr3e5", "mh_igpo_every_lr3e5")
 # The fix tried from the first runs' reading (item 4): in a group whose answers are all wrong, the
 # format rule's -1 for an episode the turn limit cut was the only spread, and GRPO learnt to answer
 # sooner. These arms score a cut episode 0, as a wrong answer (docs/algorithms.md §3).
@@ -81,7 +81,8 @@ LOW_LR = "learner.lr=3e-5"
 # Whom each multi-hop arm is compared with after the last step: GRPO under the same outcome rule and loss.
 BASELINE = {"mh_igpo_unanswered0": "mh_grpo_unanswered0", "mh_igpo_unanswered0_live": "mh_grpo_unanswered0",
             "mh_abc_grpo_seqmean": "mh_grpo_seqmean", "mh_igpo_seqmean": "mh_grpo_seqmean",
-            "mh_abc_grpo_lr3e5": "mh_grpo_lr3e5"}
+            "mh_abc_grpo_lr3e5": "mh_grpo_lr3e5", "mh_igpo_lr3e5": "mh_grpo_lr3e5",
+            "mh_igpo_every_lr3e5": "mh_grpo_lr3e5"}
 
 # The fault drill (issue 37): the toolbox fails 30% of the tool calls as an unavailable service would
 # (the environment's fault), with no retry (with the default 3 attempts only 2.7% of calls would
@@ -136,6 +137,10 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "mh_grpo_lr3e5": ("multi-hop: GRPO, learning rate 3e-5", [*MULTIHOP, LOW_LR]),
     "mh_abc_grpo_lr3e5": ("multi-hop: ABC-GRPO, learning rate 3e-5",
                           [*MULTIHOP, CLUES, "estimator.kind=abc_grpo", LOW_LR]),
+    "mh_igpo_lr3e5": ("multi-hop: IGPO (browse-aware IG, IG-Scale, turn format penalty), learning rate 3e-5",
+                      [*MULTIHOP, IG, "estimator.kind=igpo", LOW_LR]),
+    "mh_igpo_every_lr3e5": ("multi-hop: IG at every turn boundary (ig_tools=[]), learning rate 3e-5",
+                            [*MULTIHOP, IG, "estimator.kind=igpo", "estimator.options={ig_tools: []}", LOW_LR]),
 }
 # The arms that start from another model than the warm start, built once into OUT/models/NAME
 # (`turnstile build-model NAME`, resumable). The warm start never writes the <report> an
