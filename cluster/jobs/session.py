@@ -18,7 +18,6 @@ whole of ``turnstile rollout``.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import uuid
@@ -151,10 +150,6 @@ class FleetSession:
         checkpoint directory the replicas load (learner and engines on different nodes)."""
         mode, directory = weight_sync(self.rollout.engine)
         await self.fleet.publish(weights, version, mode=mode, checkpoint_dir=directory)
-
-    def publish_now(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """:meth:`publish`, from code that runs no event loop of its own."""
-        asyncio.run(self.publish(weights, version))
 
 
 def learner_demand(learner: Learner) -> Demand:

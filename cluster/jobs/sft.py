@@ -16,6 +16,7 @@ are published to it first (its engines never reload ``out/model``). The cluster 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -110,7 +111,7 @@ def run_sft(job: SftJob, *, progress: bool = True) -> list[Evaluation]:
 
             def evaluate(step: int) -> None:
                 if step:
-                    session.publish_now(learner.full_weights(), step)
+                    asyncio.run(session.publish(learner.full_weights(), step))
                 metrics = session.evaluate(session.tasks[0], rollout.group_size, out / f"eval-step{step}.jsonl",
                                            label=f"eval{step}")
                 evaluations.append(Evaluation(step=step, well_formed=metrics["eval/format_rate"],
