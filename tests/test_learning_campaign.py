@@ -83,3 +83,28 @@ def test_a_run_killed_after_its_first_evaluation_is_not_finished(tmp_path: Path)
     rows = [row, *({"step": float(s), "reward/mean": 0.0} for s in range(1, 20)), {"step": 20.0, "eval/accuracy": 0.1}]
     (out / "run.json").write_text(json.dumps({"step": 20, "history": rows}))
     assert learning.finished(out)
+
+
+def test_the_comparison_is_drawn_per_step_over_the_steps_every_seed_has(tmp_path: Path) -> None:
+    drawn: list[tuple[list[int], list[float], list[float]]] = []
+
+    class Axis:
+        def errorbar(self, x: list[int], y: list[float], *, yerr: list[float], capsize: float, label: str,
+                     **style: object) -> None:
+            drawn.append((x, y, yerr))
+
+    runs = [{"turns_by_step": {1: 5.0, 2: 4.0, 3: 6.0}}, {"turns_by_step": {1: 7.0, 2: 4.0}}]
+    learning._curve(Axis(), runs, lambda r: r["turns_by_step"], "arm")
+    assert drawn == [([1, 2], [6.0, 4.0], [pytest.approx(1.414, abs=1e-3), 0.0])]
+
+    def run(after: float) -> dict[str, object]:
+        return {**summary(0.10, after), "uniform": {"1": 0.5}, "hops": {"10": {"2": after, "3": 0.0}},
+                "turns_by_step": {"1": 5.0, "2": 4.5}}
+    record = tmp_path / "runs.json"
+    record.write_text(json.dumps({"mh_grpo_lr3e5": {"0": run(0.10), "1": run(0.12)},
+                                  "mh_igpo_lr3e5": {"0": run(0.14)}, "mh_grpo": {"0": run(0.02)}}))
+    doc = tmp_path / "learning.md"
+    doc.write_text("# Learning\n")
+    results = learning.report(tmp_path / "empty", doc, record)
+    assert results["mh_grpo_lr3e5"]["seeds"][1]["turns_by_step"] == {1: 5.0, 2: 4.5}  # steps back as ints
+    assert (tmp_path / "learning-multihop-arms.png").stat().st_size > 10_000
