@@ -21,6 +21,7 @@ The pairs share batches, so the cosines are not independent; the spread is repor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import statistics
 from collections import defaultdict
@@ -31,6 +32,12 @@ from transformers import AutoModelForCausalLM
 from turnstile.learner.batch import samples_from_trajectories
 from turnstile.rollout.model_store import resolve_model
 from turnstile.rollout.trajectory import Trajectory, load_trajectories
+
+
+def load(paths: list[str]) -> list[Trajectory]:
+    """The files' trajectories, each group named by its file too: two runs (or two seeds of one)
+    may each hold a group ``s3-<task>``, and those are two groups, not one of eight."""
+    return [dataclasses.replace(t, uid=f"{k}:{t.uid}") for k, path in enumerate(paths) for t in load_trajectories(path)]
 
 
 def batches(trajectories: list[Trajectory], size: int) -> list[list[Trajectory]]:
@@ -67,7 +74,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    trajectories = [t for path in args.files for t in load_trajectories(path)]
+    trajectories = load(args.files)
     cut = batches(trajectories, args.batch)
     if len(cut) < 3:
         raise SystemExit(f"{len(trajectories)} episodes make {len(cut)} batches of {args.batch}; need 3 or more")
