@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import math
 import statistics
 from collections import defaultdict
 
@@ -66,6 +67,20 @@ def gradient(model: torch.nn.Module, batch: list[Trajectory]) -> torch.Tensor:
     return torch.cat([p.grad.flatten().clone() for p in model.parameters() if p.grad is not None])
 
 
+def shared_upper(gram: torch.Tensor, t: float) -> tuple[float, float]:
+    """The mean of g_i·g_j over pairs of batches (an unbiased estimate of |G|²) and its one-sided
+    upper bound, ``t`` jackknife standard errors above it (each batch left out in turn: the pairs
+    share batches, so they are not independent samples)."""
+    n = gram.shape[0]
+    off = float(gram.sum() - gram.diagonal().sum())  # every pair twice
+    rows = (gram.sum(1) - gram.diagonal()).tolist()
+    left_out = [(off - 2 * row) / ((n - 1) * (n - 2)) for row in rows]
+    centre = statistics.fmean(left_out)
+    error = math.sqrt((n - 1) / n * sum((x - centre) ** 2 for x in left_out))
+    shared = off / (n * (n - 1))
+    return shared, shared + t * error
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="scored trajectory JSONL files (turns with advantages)")
@@ -81,10 +96,14 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(str(resolve_model(args.model)), dtype=torch.float32)
     grads = [gradient(model, batch) for batch in cut]
     pairs = list(itertools.combinations(range(len(grads)), 2))
-    dots = [float(grads[i] @ grads[j]) for i, j in pairs]
+    stacked = torch.stack(grads).double()
+    gram = stacked @ stacked.T
+    dots = [float(gram[i, j]) for i, j in pairs]
     cosines = [dots[k] / float(grads[i].norm() * grads[j].norm()) for k, (i, j) in enumerate(pairs)]
-    squared = statistics.mean(float(g @ g) for g in grads)
-    shared = statistics.mean(dots)
+    squared = float(gram.diagonal().mean())
+    from learning import t_quantile  # the benchmark beside this one (a script's folder is first on sys.path)
+
+    shared, upper = shared_upper(gram, t_quantile(0.95, len(grads) - 1))
     print(f"{len(trajectories)} episodes, {len(cut)} batches of {args.batch}, model {args.model}")
     print("gradient norms  " + " ".join(f"{float(g.norm()):.3f}" for g in grads))
     sizes = grads[0].abs()
@@ -94,6 +113,10 @@ def main() -> None:
           + " ".join(f"{float(q):.1e}" for q in quartiles))
     print(f"cosine between batches: mean {statistics.mean(cosines):+.3f}, sd {statistics.stdev(cosines):.3f}, "
           f"range {min(cosines):+.3f} to {max(cosines):+.3f} ({len(pairs)} pairs)")
+    bound = (f"B_noise >= {args.batch * (squared - upper) / upper:.0f} episodes (95%, one-sided: mean g_i·g_j "
+             f"at most {upper / squared:.3f} of mean |g_i|², jackknife over batches)") if upper > 0 else \
+        "no lower bound on B_noise: the upper bound of mean g_i·g_j is not above 0"
+    print(bound)
     if shared <= 0:
         print("mean g_i·g_j <= 0: no shared direction measurable at this size; B_noise unbounded")
         return

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import torch
+
 from benchmarks import gradient_noise
 from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn, save_trajectories
 
@@ -27,3 +30,12 @@ def test_two_runs_groups_of_the_same_name_stay_two_groups(tmp_path: Path) -> Non
     assert [len(batch) for batch in cut] == [8, 8]
     assert all(len({t.uid for t in batch}) == 2 for batch in cut)  # whole groups of 4, none merged
     assert [len(batch) for batch in gradient_noise.batches(loaded, 6)] == [8, 8]  # whole groups, never split
+
+
+def test_the_shared_term_and_its_bound_come_from_the_pairs_of_batches() -> None:
+    equal = torch.full((4, 4), 0.5) + torch.eye(4)  # every pair agrees by 0.5: no spread, bound = estimate
+    assert gradient_noise.shared_upper(equal, 2.0) == (pytest.approx(0.5), pytest.approx(0.5))
+    # batch 0 agrees with both others (dot 1), they not with each other: mean 2/3, jackknife error 2/3
+    one = torch.tensor([[5.0, 1.0, 1.0], [1.0, 5.0, 0.0], [1.0, 0.0, 5.0]])
+    shared, upper = gradient_noise.shared_upper(one, 2.0)
+    assert shared == pytest.approx(2 / 3) and upper == pytest.approx(2 / 3 + 2 * 2 / 3)
