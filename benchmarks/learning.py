@@ -349,23 +349,28 @@ def welch_interval(a: list[float], b: list[float]) -> tuple[float, float, float]
     return difference, difference - half, difference + half
 
 
+def _by_hops(runs: list[dict[str, Any]], *, first: bool) -> str:
+    """Two-hop / three-hop held-out accuracy at each run's first (or last) evaluation, over the seeds."""
+    by_hops = [r["hops"].get(min(r["evals"]) if first else max(r["evals"]), {}) for r in runs]
+    return " / ".join(_mean_std([h[n] for h in by_hops if n in h]) for n in ("2", "3"))
+
+
 def multihop_table(results: dict[str, dict[str, Any]]) -> list[str]:
     """The multi-hop comparison: each arm's held-out accuracy before and after, by hop count, its
     difference from GRPO under the same outcome rule (``BASELINE``; the fixed GRPO against the
     first) after the last step with the 95% Welch interval over seeds, and the share of
     training groups with no correct sample and of those whose samples all got the same outcome (the
     outcome reward's, before the estimator's format rule; mean over steps and seeds)."""
-    lines = ["| arm | seeds | held-out % before | after | after, 2 / 3 hops | vs GRPO after (points, 95% Welch) | "
-             "all-wrong groups % | same-outcome groups % | turns per episode | wall per run (min) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | seeds | held-out % before | after | before, 2 / 3 hops | after, 2 / 3 hops | "
+             "vs GRPO after (points, 95% Welch) | all-wrong groups % | same-outcome groups % | turns per episode | "
+             "wall per run (min) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     finals = {arm: [r["evals"][max(r["evals"])] for r in entry["seeds"].values()]
               for arm, entry in results.items()}
     for arm, entry in results.items():
         grpo = finals.get(BASELINE.get(arm, "mh_grpo"), [])
         runs = list(entry["seeds"].values())
         before = [r["evals"][0] for r in runs]
-        by_hops = [r["hops"].get(max(r["evals"]), {}) for r in runs]
-        hops = " / ".join(_mean_std([h[n] for h in by_hops if n in h]) for n in ("2", "3"))
         versus = "-"
         if arm not in ("mh_grpo", *BASELINE.values()) and len(grpo) >= 2 and len(finals[arm]) >= 2:
             difference, low, high = welch_interval(finals[arm], grpo)
@@ -373,7 +378,8 @@ def multihop_table(results: dict[str, dict[str, Any]]) -> list[str]:
         uniform = [value for r in runs for value in r.get("uniform", {}).values()]
         all_wrong = [value for r in runs for value in r.get("all_wrong", {}).values()]
         lines.append(f"| {arm}: {entry['label']} | {len(runs)} | {_mean_std(before)} | {_mean_std(finals[arm])} | "
-                     f"{hops} | {versus} | {_mean_std(all_wrong)} | {_mean_std(uniform)} | "
+                     f"{_by_hops(runs, first=True)} | {_by_hops(runs, first=False)} | {versus} | "
+                     f"{_mean_std(all_wrong)} | {_mean_std(uniform)} | "
                      f"{statistics.fmean(r['turns'] for r in runs):.1f} | "
                      f"{statistics.fmean(r['wall_s'] for r in runs) / 60:.1f} |")
     return lines

@@ -53,7 +53,7 @@ def test_welch_interval_uses_student_t_with_welch_degrees_of_freedom() -> None:
 def test_the_multihop_arms_get_their_own_table(tmp_path: Path) -> None:
     def run(before: float, after: float, uniform: float) -> dict[str, object]:
         return {**summary(before, after), "uniform": {"1": uniform, "2": uniform},
-                "hops": {"10": {"2": after + 0.05, "3": after - 0.05}}}
+                "hops": {"0": {"2": 0.15, "3": 0.05}, "10": {"2": after + 0.05, "3": after - 0.05}}}
     record = tmp_path / "runs.json"
     record.write_text(json.dumps({
         "grpo": {"0": summary(0.10, 0.30)},
@@ -69,7 +69,7 @@ def test_the_multihop_arms_get_their_own_table(tmp_path: Path) -> None:
     assert sorted(rows) == ["mh_grpo", "mh_igpo"]
     # IGPO 21 ± 1.4 against GRPO 12 ± 2.8: +9 points, its Welch interval, groups 90% uniform
     assert "| 21.0 ± 1.4 |" in rows["mh_igpo"] and "+9.0 [" in rows["mh_igpo"] and "| 90.0 ± 0.0 |" in rows["mh_igpo"]
-    assert "| 26.0 ± 1.4 / 16.0 ± 1.4 |" in rows["mh_igpo"]  # after, 2 and 3 hops
+    assert "| 15.0 ± 0.0 / 5.0 ± 0.0 | 26.0 ± 1.4 / 16.0 ± 1.4 |" in rows["mh_igpo"]  # before, after: 2 and 3 hops
     assert (tmp_path / "learning-multihop.png").is_file() and text.rstrip().endswith("<!-- multihop-table -->")
 
 
