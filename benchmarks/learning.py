@@ -418,14 +418,18 @@ def _curve(axis: _Axis, runs: list[dict[str, Any]], value: Series, label: str, *
     axis.errorbar(steps, means, yerr=spread, capsize=3, label=label, **style)
 
 
+def _accuracy(run: dict[str, Any]) -> dict[int, float]:
+    """A run's held-out accuracy per evaluation, in percent."""
+    return {step: value * 100 for step, value in run["evals"].items()}
+
+
 def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
     """Held-out accuracy per evaluation, each arm's mean ± std over its seeds."""
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.5))
     for arm, entry in results.items():
         runs = list(entry["seeds"].values())
-        _curve(axis, runs, lambda r: {s: v * 100 for s, v in r["evals"].items()}, f"{arm} ({len(runs)} seeds)",
-               marker="o")
+        _curve(axis, runs, _accuracy, f"{arm} ({len(runs)} seeds)", marker="o")
     axis.set_xlabel("training step")
     axis.set_ylabel("held-out accuracy, % (mean ± std over seeds)")
     axis.set_title(f"turnstile train from the warm start: {title}")
@@ -440,7 +444,7 @@ def plot(results: dict[str, dict[str, Any]], path: Path, title: str) -> None:
 # What the multi-hop comparison plots per step (issue 36): the panel's title, and the step -> value
 # mapping of one run it draws (percent, or turns).
 DETAIL_PANELS: tuple[tuple[str, Series], ...] = (
-    ("held-out accuracy, %", lambda r: {s: v * 100 for s, v in r["evals"].items()}),
+    ("held-out accuracy, %", _accuracy),
     ("held-out accuracy, two-hop questions, %", lambda r: {s: h["2"] * 100 for s, h in r["hops"].items() if "2" in h}),
     ("held-out accuracy, three-hop questions, %",
      lambda r: {s: h["3"] * 100 for s, h in r["hops"].items() if "3" in h}),
