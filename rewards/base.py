@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -34,7 +34,7 @@ from turnstile.rollout.trajectory import Trajectory, Turn
 ENTRY_POINT_GROUP = "turnstile.rewards"
 
 TRAJECTORY_FIELDS = frozenset({"outcome", "metadata"})
-TURN_FIELDS = frozenset({"ig_value", "ig", "reward", "step_score", "events"})
+TURN_FIELDS = frozenset({"ig_value", "ig_version", "ig", "reward", "step_score", "events"})
 
 
 class RewardError(PluginError):
@@ -64,11 +64,19 @@ class RewardPlugin(abc.ABC):
       Its options then include ``model`` and ``versions_dir``, and ``turnstile train`` points
       ``versions_dir`` at the run's weights archive, so that each trajectory is scored with the
       version that generated it, unless the config sets either.
+    - ``engine_options``: such a plugin may have its values measured by the rollout itself, on the
+      policy engines (:mod:`turnstile.rollout.probes`); given its options and whether the run's
+      engines can be probed, it returns the options to score with when that is how this run should
+      measure them (``turnstile train`` then has every episode probe its boundaries), else None.
     """
 
     Options: ClassVar[type] = NoOptions
     writes: ClassVar[frozenset[str]] = frozenset()
     scores_with_policy: ClassVar[bool] = False
+
+    @classmethod
+    def engine_options(cls, options: Mapping[str, object], engine_probes: bool) -> dict[str, object] | None:
+        return None
 
     @abc.abstractmethod
     async def score(self, trajectory: Trajectory, task: Task) -> None: ...

@@ -54,6 +54,7 @@ from turnstile.rollout.engines.base import (
 )
 from turnstile.rollout.errors import describe_error
 from turnstile.rollout.faults import VERDICT_KEY, FaultConfig, environment_verdict
+from turnstile.rollout.probes import IgProbeConfig, IgProbes
 from turnstile.rollout.store.base import StoreDataLostError
 from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, TrajectoryError, Turn
 
@@ -81,6 +82,7 @@ class EpisodeConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)  # when the environment decided the result
+    ig_probe: IgProbeConfig = field(default_factory=IgProbeConfig)  # information gain measured on the engine
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -165,10 +167,12 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
     env: Env | None = None
     episode: _Episode | None = None
     deadline = asyncio.timeout(config.timeout_s)
+    affinity = affinity if affinity is not None else f"{uid}/{sample}"
+    probes = IgProbes(engine, chat, trajectory.answers[0] if trajectory.answers else "", affinity,
+                      config.ig_probe) if config.ig_probe.enabled else None
     try:
         env = build_env(task, toolbox, replace(config.env, expect_report=context_manager.expect_report))
-        episode = _Episode(trajectory, engine, chat, context_manager, config,
-                           affinity if affinity is not None else f"{uid}/{sample}", checkpointing)
+        episode = _Episode(trajectory, engine, chat, context_manager, config, affinity, checkpointing, probes)
         async with deadline:
             await episode.run(env)
     except TimeoutError as error:
@@ -176,18 +180,29 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
             trajectory.stop_reason = StopReason.TIMEOUT
         else:
             _record_error(trajectory, error)
-    except StoreDataLostError:
-        raise  # the store lost the run's data: the driver stops the run
-    except Exception as error:  # noqa: BLE001 - whatever else went wrong, it ends this episode only
+    except Exception as error:  # whatever else went wrong ends this episode only
+        if isinstance(error, StoreDataLostError):
+            _cancel(probes)
+            raise  # the store lost the run's data: the driver stops the run
         _record_error(trajectory, error)
+    except BaseException:  # the episode itself was cancelled
+        _cancel(probes)
+        raise
     finally:
         if env is not None:
             await env.close()
         trajectory.wall_s = episode.wall_s() if episode is not None else time.monotonic() - started
+    if probes is not None:
+        await probes.finish(trajectory)
     verdict = environment_verdict(trajectory, config.faults)
     if verdict is not None:
         trajectory.metadata[VERDICT_KEY] = verdict
     return trajectory
+
+
+def _cancel(probes: IgProbes | None) -> None:
+    if probes is not None:
+        probes.cancel()
 
 
 def _record_error(trajectory: Trajectory, error: Exception) -> None:
@@ -203,7 +218,7 @@ class _Episode:
 
     def __init__(self, trajectory: Trajectory, engine: PolicyEngine, chat: ChatFormat,
                  context: ContextManager, config: EpisodeConfig, affinity: str,
-                 checkpointing: Checkpointing | None = None) -> None:
+                 checkpointing: Checkpointing | None = None, probes: IgProbes | None = None) -> None:
         self.trajectory = trajectory
         self.engine = engine
         self.chat = chat
@@ -215,6 +230,7 @@ class _Episode:
         self.overflowed = False  # the final answer was forced by the context budget
         self._generate_s = 0.0
         self.checkpointing = checkpointing or Checkpointing()
+        self.probes = probes  # information gain measured on the engine, a probe per boundary
         self.wall_before = 0.0  # wall time spent before the checkpoint this episode resumed from
         self._started = time.monotonic()
         # Room kept free in every context for the forced-answer instruction.
@@ -228,6 +244,8 @@ class _Episode:
         prompt_ids = self.context.start(self.chat, await env.reset())
         if self.checkpointing.resume is not None:
             self._restore(env, self.checkpointing.resume)
+            if self.probes is not None:
+                await self.probes.issue_missing(self.trajectory)
         else:
             self._open_segment(prompt_ids)
         for _ in range(self.config.max_turns - self.turns):
@@ -238,6 +256,8 @@ class _Episode:
             generation = await self._generate(min(self.config.max_new_tokens, room))
             if generation is None:
                 return
+            if self.probes is not None:  # the context was just prefilled: the probe finds it cached
+                await self.probes.issue(self.turns, self.ids)
             text = without_surrogates(self.chat.response_text(generation.token_ids))
             step = await env.step(text)
             turn = self._record(generation, text, step)
@@ -271,6 +291,8 @@ class _Episode:
         if save is None or every < 1 or self.turns % every:
             return
         self.trajectory.wall_s = self.wall_s()
+        if self.probes is not None:
+            self.probes.record(self.trajectory)  # the values measured so far travel with the checkpoint
         state = EpisodeState(self.trajectory, env.snapshot(), self.context.snapshot(), self.overflowed)
         try:
             await save(state)

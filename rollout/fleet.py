@@ -23,7 +23,7 @@ import ray
 import torch
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from turnstile.rollout.engines.base import Generation, SamplingParams
+from turnstile.rollout.engines.base import Generation, Probe, SamplingParams
 from turnstile.rollout.engines.config import EngineConfig
 from turnstile.rollout.engines.registry import build_engine
 from turnstile.rollout.errors import describe_error
@@ -55,6 +55,10 @@ class EngineActor:
 
     async def score(self, sequences: list[list[int]], spans: list[tuple[int, int]]) -> list[list[float]]:
         return await self._engine.score(sequences, spans)
+
+    async def probe(self, context: list[int], continuation: list[int], span: tuple[int, int],
+                    affinity: str | None = None) -> Probe:
+        return await self._engine.probe(context, continuation, span, affinity)
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         await self._engine.update_weights(version, weights)
@@ -171,11 +175,24 @@ class EngineRouter:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams,
                        affinity: str | None = None) -> Generation:
+        return await self._on_episode_replica(
+            affinity, lambda replica: replica.generate.remote(list(prompt_ids), sampling, affinity))
+
+    async def probe(self, context: Sequence[int], continuation: Sequence[int], span: tuple[int, int],
+                    affinity: str | None = None) -> Probe:
+        """On the episode's replica, whose prefix cache holds its context (a probe counts as load)."""
+        return await self._on_episode_replica(
+            affinity, lambda replica: replica.probe.remote(list(context), list(continuation), span, affinity))
+
+    async def _on_episode_replica(self, affinity: str | None,
+                                  call: Callable[[ray.actor.ActorHandle], ray.ObjectRef[T]]) -> T:
+        """``call`` on the replica :meth:`choose` gives the episode; if that replica died, once more
+        on the one that takes the episode over."""
         for attempt in (1, 2):
             index = await self._pick(affinity)
             self.sent(index)
             try:
-                return await self._replicas[index].generate.remote(list(prompt_ids), sampling, affinity)
+                return await call(self._replicas[index])
             except _DEAD:
                 self._dead.add(index)
                 log.warning("engine replica %d died; moving its episodes to the others", index)

@@ -59,6 +59,7 @@ class Turn:
     tool_s: float = 0.0
     # Filled by the reward service and the credit assignment:
     ig_value: float | None = None  # v_s measured before this turn (docs/algorithms.md §4)
+    ig_version: int | None = None  # the weights version that measured ig_value on the engine (rollout/probes.py)
     ig: float | None = None  # information gain assigned to this turn
     reward: float | None = None  # turn reward before normalisation
     step_score: float | None = None  # ABC step score (docs/algorithms.md §6)
@@ -247,6 +248,7 @@ def _turn(record: object, where: str) -> Turn:
         generate_s=_number(obj, "generate_s", where, default=0.0),
         tool_s=_number(obj, "tool_s", where, default=0.0),
         ig_value=_optional_number(obj, "ig_value", where),
+        ig_version=_optional(obj, "ig_version", int, where),
         ig=_optional_number(obj, "ig", where),
         reward=_optional_number(obj, "reward", where),
         step_score=_optional_number(obj, "step_score", where),

@@ -16,7 +16,7 @@ checkpoint, never the episode.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 import ray
@@ -62,9 +62,15 @@ class RolloutWorker:
         self.resumed = 0  # episodes continued from a checkpoint
         self._running: dict[str, int] = {}  # episode -> checkpoints saved so far
 
-    async def run(self, task: Task, uid: str, sample: int, context: ContextConfig | None = None) -> Trajectory:
+    async def run(self, task: Task, uid: str, sample: int, context: ContextConfig | None = None,
+                  probe: bool = True) -> Trajectory:
         """One episode of ``task`` (sample ``sample`` of group ``uid``), with the worker's context
-        manager unless ``context`` names another (an evaluation's benchmark with its own)."""
+        manager unless ``context`` names another (an evaluation's benchmark with its own).
+        ``probe=False``: no information-gain probes, even where the fleet's episodes take them (a
+        held-out evaluation)."""
+        episode = self.spec.episode
+        if episode.ig_probe.enabled and not probe:
+            episode = replace(episode, ig_probe=replace(episode.ig_probe, enabled=False))
         affinity = f"{uid}/{sample}"
         key = f"episode:{uid}:{sample}"
         checkpointing, note = await self._checkpointing(key, task, uid, sample)
@@ -73,7 +79,7 @@ class RolloutWorker:
         try:
             trajectory = await run_episode(
                 task, uid, sample, engine=self.router, toolbox=self.toolbox, chat=self.chat,
-                context_manager=build_context_manager(context or self.spec.context), config=self.spec.episode,
+                context_manager=build_context_manager(context or self.spec.context), config=episode,
                 affinity=affinity, checkpointing=checkpointing,
             )
         finally:

@@ -36,14 +36,10 @@ from turnstile.learner.credit import IgpoOptions, build_estimator
 from turnstile.learner.credit.assign import assign_credit
 from turnstile.rewards.information_gain.scorers import HFInformationGainScorer, PerPrefixScorer
 from turnstile.rewards.information_gain.values import (
-    LEAD_TEXT,
-    TAIL_TEXT,
     EngineGoldScorer,
     GoldScorer,
-    PseudoResponse,
     SegmentBoundaries,
     information_gain_values,
-    pseudo_response,
     segment_boundaries,
 )
 from turnstile.rollout.chat import ChatFormat
@@ -52,6 +48,7 @@ from turnstile.rollout.engines.hf import HFEngine
 from turnstile.rollout.engines.scripted import ScriptedEngine
 from turnstile.rollout.engines.vllm import VllmEngine
 from turnstile.rollout.model_store import ensure_default_model
+from turnstile.rollout.probes import LEAD_TEXT, TAIL_TEXT, PseudoResponse, pseudo_response
 from turnstile.rollout.trajectory import Segment, StopReason, Trajectory, Turn
 
 ATOL = 1e-4  # docs/algorithms.md §4: equal to the naive per-prefix computation within 1e-4

@@ -37,9 +37,11 @@ from turnstile.rollout.trajectory import StopReason, Trajectory
 
 log = logging.getLogger(__name__)
 
-# The task, the group's uid, the sample index, and the context manager when not the fleet's own (an
-# evaluation's benchmark with its own).
-Episode = tuple[Task, str, int] | tuple[Task, str, int, ContextConfig]
+# The task, the group's uid, the sample index, then optionally the context manager when not the
+# fleet's own (an evaluation's benchmark with its own; None: the fleet's) and whether the episode may
+# probe its boundaries for information gain when the fleet does (False: a held-out evaluation).
+Episode = (tuple[Task, str, int] | tuple[Task, str, int, ContextConfig | None]
+           | tuple[Task, str, int, ContextConfig | None, bool])
 
 
 class NoWorkersLeft(RuntimeError):

@@ -25,6 +25,7 @@ from turnstile.envs.tasks import Task
 from turnstile.envs.tools.base import Fault
 from turnstile.learner.credit.normalize import all_equal
 from turnstile.rollout.faults import VERDICT_KEY
+from turnstile.rollout.probes import COST_KEY, MISSING_KEY
 from turnstile.rollout.summary import is_correct, well_formed_share
 from turnstile.rollout.trajectory import StopReason, Trajectory
 
@@ -115,6 +116,26 @@ def browse_ratio(trajectories: Sequence[Trajectory]) -> float:
     return sum(tool == "visit" for tool in tools) / len(tools) if tools else 0.0
 
 
+def probe_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """What measuring information gain on the engines cost this step (rollout/probes.py), when it
+    did: boundaries probed, tokens forwarded per boundary against the pseudo-response's length R
+    (its limit), cache misses, the episodes' wait for their last probes, and trajectories whose
+    information gain is missing (trained on outcome and format only)."""
+    costs = [t.metadata[COST_KEY] for t in trajectories if isinstance(t.metadata.get(COST_KEY), dict)]
+    if not costs:
+        return {}
+    def total(key: str) -> float:
+        return float(sum(cost.get(key, 0) for cost in costs))  # type: ignore[union-attr,misc]
+    boundaries = total("boundaries")
+    metrics = {"ig/probes": boundaries, "ig/cache_misses": total("cache_misses"),
+               "ig/missing": float(sum(MISSING_KEY in t.metadata for t in trajectories)),
+               "ig/probe_wait_s": total("wait_s") / len(costs)}
+    if boundaries:
+        metrics["ig/prefill_per_probe"] = total("prefill_tokens") / boundaries
+        metrics["ig/pseudo_tokens_per_probe"] = total("pseudo_tokens") / boundaries
+    return metrics
+
+
 def step_metrics(trajectories: Sequence[Trajectory], *, wall_s: float,
                  report: StepReport | None = None, timings: Mapping[str, float] | None = None,
                  current_version: int | None = None, dropped: int = 0) -> dict[str, float]:
@@ -169,6 +190,7 @@ def step_metrics(trajectories: Sequence[Trajectory], *, wall_s: float,
         metrics["ig/std"] = statistics.pstdev(gains)  # over the step's turns: a population
         metrics["ig/min"] = min(gains)
         metrics["ig/max"] = max(gains)
+    metrics.update(probe_metrics(trajectories))
     if current_version is not None and turns:
         lags = [current_version - turn.weights_version for turn in turns]
         metrics["staleness/mean"] = statistics.fmean(lags)

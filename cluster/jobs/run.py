@@ -13,7 +13,7 @@ import json
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from turnstile.cluster.jobs.console import TrainConsole
@@ -37,6 +37,7 @@ from turnstile.learner.trainer import Learner, LearnerConfig
 from turnstile.rewards.apply import score_groups
 from turnstile.rewards.base import resolve_reward, reward_options
 from turnstile.rewards.service import RewardServiceConfig
+from turnstile.rollout.engines.registry import can_probe
 from turnstile.rollout.faults import VERDICT_KEY
 from turnstile.rollout.model_store import RUN_MODEL
 from turnstile.rollout.store import StoreConfig, check_durability
@@ -112,8 +113,8 @@ class TrainError(ValueError):
 
 
 def check(job: TrainJob) -> None:
-    """What the config's own types cannot check (the plugins' options, the store's server), before
-    anything starts."""
+    """What the config's own types cannot check (the plugins' options, where information gain is
+    measured, the store's server), before anything starts."""
     try:
         estimator_class(job.estimator.kind)
     except KeyError as error:
@@ -121,7 +122,37 @@ def check(job: TrainJob) -> None:
     estimator_from_options(job.estimator.kind, job.estimator.options)
     for spec in job.rewards:
         reward_options(spec)
+    placed_rewards(job)  # a reward that must measure on engines that cannot be probed (RewardError)
     check_durability(job.store)  # a Redis that would lose acknowledged items (StoreError)
+
+
+def placed_rewards(job: TrainJob) -> list[tuple[PluginSpec, bool]]:
+    """Each reward plugin with the options it scores with, and whether the rollout measures its
+    values on the policy engines (the plugin says, :meth:`RewardPlugin.engine_options`: information
+    gain, whenever the engines can be probed)."""
+    probes = can_probe(job.rollout.engine)
+    placed = []
+    for entry in job.rewards:
+        options = resolve_reward(entry.kind).engine_options(dict(entry.options), probes)
+        placed.append((entry, False) if options is None else (PluginSpec(entry.kind, options), True))
+    return placed
+
+
+def probing(job: TrainJob) -> TrainJob:
+    """The job with its training episodes probing their boundaries (``rollout.episode.ig_probe``)
+    when a reward measures on the engines; unchanged otherwise."""
+    if not any(on_engines for _, on_engines in placed_rewards(job)):
+        return job
+    episode = job.rollout.episode
+    episode = replace(episode, ig_probe=replace(episode.ig_probe, enabled=True))
+    return replace(job, rollout=replace(job.rollout, episode=episode))
+
+
+def needs_archive(job: TrainJob) -> bool:
+    """Whether a reward scores after the fact with the weights that generated each trajectory, so
+    the run must keep its published versions (``out/weights``)."""
+    return any(resolve_reward(spec.kind).scores_with_policy and not on_engines
+               for spec, on_engines in placed_rewards(job))
 
 
 def task_at(tasks: list[Task], k: int, shuffle: bool, seed: int) -> Task:
@@ -330,14 +361,15 @@ class Run:
         await self.session.publish(weights, version)
 
     def reward_specs(self) -> list[PluginSpec]:
-        """The reward plugins; one that scores with the policy's weights (``scores_with_policy``:
-        information gain) and has no model of its own scores each trajectory with the weights
-        version that generated it (the run's archive)."""
+        """The reward plugins as this run scores with them (:func:`placed_rewards`); one that scores
+        with the policy's weights after the fact (``scores_with_policy``: information gain on an
+        engine that cannot be probed) and has no model of its own scores each trajectory with the
+        weights version that generated it (the run's archive)."""
         specs = []
-        for entry in self.job.rewards:
+        for entry, on_engines in placed_rewards(self.job):
             options = dict(entry.options)
-            if resolve_reward(entry.kind).scores_with_policy and self.archive is not None and not (
-                    options.get("model") or options.get("versions_dir")):
+            if not on_engines and resolve_reward(entry.kind).scores_with_policy and self.archive is not None \
+                    and not (options.get("model") or options.get("versions_dir")):
                 options["versions_dir"] = str(self.archive.root)
             specs.append(PluginSpec(entry.kind, options))
         return specs

@@ -140,7 +140,9 @@ class FleetSession:
         rollout's sampling settings), written to ``out``; their scores
         (:func:`~turnstile.cluster.jobs.metrics.evaluation_metrics`: accuracy with its 95% interval, answered,
         format rate, turns, browse ratio, accuracy by hop count)."""
-        episodes = [(task, f"{label}-{task.id}", sample) for task in tasks for sample in range(samples)]
+        # an evaluation measures no information gain, even in a run whose episodes do
+        episodes: list[Episode] = [(task, f"{label}-{task.id}", sample, None, False)
+                                   for task in tasks for sample in range(samples)]
         trajectories, _, _ = self.generate(episodes, out, tally)
         return evaluation_metrics(trajectories, tasks)
 

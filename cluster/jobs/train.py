@@ -30,13 +30,14 @@ from turnstile.cluster.jobs.run import (
     RunState,
     TrainJob,
     check,
+    needs_archive,
+    probing,
 )
 from turnstile.cluster.jobs.session import fleet_session, init_ray, learner_demand
 from turnstile.cluster.jobs.train_async import async_loop
 from turnstile.learner.credit import estimator_from_options
 from turnstile.learner.publish import WeightsArchive
 from turnstile.learner.trainer import Learner
-from turnstile.rewards.base import resolve_reward
 from turnstile.rollout.model_store import RUN_MODEL, resolve_model
 from turnstile.rollout.store import build_store
 from turnstile.rollout.trajectory import load_trajectories
@@ -53,6 +54,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
 
 
 def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
+    job = probing(job)  # information gain measured on the engines while episodes run, where it can be
     model = resolve_model(job.rollout.engine.model or job.learner.model)
     estimator = estimator_from_options(job.estimator.kind, job.estimator.options)
     name = job.name or f"turnstile-{uuid.uuid4().hex[:8]}"
@@ -70,7 +72,7 @@ def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
             sink = MetricsSink(replace(job.metrics, tensorboard_dir=job.metrics.tensorboard_dir
                                        or str(out / "tensorboard")), run_name=out.name, show=console.step)
             run = Run(job, out, learner, session, estimator, sink, console, name=name, store_config=store_config)
-            if any(resolve_reward(entry.kind).scores_with_policy for entry in job.rewards):
+            if needs_archive(job):
                 run.archive = WeightsArchive(out / "weights", model, keep=job.staleness + 2)
             try:
                 console.stage("starting the learner")

@@ -21,6 +21,10 @@ by construction, and "the gold has no tokens" means ``encode(gold) == []``. Join
 from tokenising the whole string where the gold's last character would merge with the newline after
 it (``"Inc.\\n"`` in Qwen's pre-tokeniser); the model is scored on a valid split of the same text.
 
+The pseudo-response is defined in :mod:`turnstile.rollout.probes`, whose probes measure the same
+``v_s`` on the policy engines while an episode runs (the ``information_gain`` plugin's
+``scorer=engine``); this module measures it after the fact.
+
 Scorers (:class:`GoldScorer`) compute the gold log-probs of every boundary of a trajectory:
 
 - :class:`~turnstile.rewards.information_gain.scorers.HFInformationGainScorer`: transformers, one forward over
@@ -43,46 +47,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from turnstile.envs.protocol import THINK_OPEN
 from turnstile.rollout.chat import ChatFormat
 from turnstile.rollout.engines.base import PolicyEngine
+from turnstile.rollout.probes import PseudoResponse, pseudo_response, think_is_open
 from turnstile.rollout.trajectory import Trajectory
 
 logger = logging.getLogger(__name__)
-
-# docs/algorithms.md §4: the pseudo-response around the gold answer.
-LEAD_TEXT = "Now there's enough information to answer\n</think>\n<answer>\n"
-TAIL_TEXT = "\n</answer>"
-THINK_PREFIX = THINK_OPEN + "\n"  # how the policy's own turns open (see the module docstring)
-
-
-@dataclass(frozen=True)
-class PseudoResponse:
-    """The ids appended after a boundary's context; the gold answer is ``ids[gold_start:gold_end]``."""
-
-    ids: tuple[int, ...]
-    gold_start: int
-    gold_end: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.gold_start < self.gold_end <= len(self.ids):
-            raise ValueError(f"gold span [{self.gold_start}, {self.gold_end}) does not fit a "
-                             f"pseudo-response of {len(self.ids)} ids after a non-empty lead")
-
-
-def pseudo_response(chat: ChatFormat, gold: str, think_open: bool) -> PseudoResponse | None:
-    """The pseudo-response for ``gold`` (None when the gold has no tokens).
-
-    ``think_open``: the context already ends inside ``<think>``, so the lead starts in it.
-    """
-    gold_ids = chat.encode(gold.strip())
-    if not gold_ids:
-        return None
-    lead = chat.encode(("" if think_open else THINK_PREFIX) + LEAD_TEXT)
-    tail = [*chat.encode(TAIL_TEXT), chat.turn_end_id]
-    return PseudoResponse(ids=(*lead, *gold_ids, *tail), gold_start=len(lead),
-                          gold_end=len(lead) + len(gold_ids))
-
 
 @dataclass(frozen=True)
 class SegmentBoundaries:
@@ -158,7 +128,7 @@ def segment_boundaries(trajectory: Trajectory, chat: ChatFormat,
                                  f"{length} ids before it; the trajectory is inconsistent")
             prefix_lens.append(length)
             length += len(turn.response_ids) + len(turn.observation_ids)
-        pseudo = tuple(opened if _think_is_open(chat, ids[max(prefix - 4, 0):prefix]) else closed
+        pseudo = tuple(opened if think_is_open(chat, ids[max(prefix - 4, 0):prefix]) else closed
                        for prefix in prefix_lens)
         grouped.append(SegmentBoundaries(
             context_ids=tuple(ids[:max(prefix_lens)]), prefix_lens=tuple(prefix_lens), pseudo=pseudo,
@@ -221,9 +191,3 @@ class EngineGoldScorer:
             by_boundary = dict(zip(order, [first, *rest], strict=True))
             results.extend(by_boundary[b] for b in range(count))
         return results
-
-
-def _think_is_open(chat: ChatFormat, context_tail: Sequence[int]) -> bool:
-    """Whether a context (its last few ids) ends inside an open ``<think>``, as the generation
-    prompt of a thinking model's template does."""
-    return chat.decode(context_tail).rstrip().endswith(THINK_OPEN)

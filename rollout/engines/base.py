@@ -58,6 +58,27 @@ class Generation:
                              "log-probs")
 
 
+class ProbeUnsupported(RuntimeError):
+    """The engine has no model to probe (``PolicyEngine.probe``); the message says what to use."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Teacher-forced log-probs of a continuation after a context (an information-gain probe,
+    :mod:`turnstile.rollout.probes`), under the one weights version that computed them.
+
+    ``prefill_tokens``: the tokens the engine forwarded for it (its prefix cache's hits excluded).
+    ``cache_miss``: the engine held less of the context in its prefix cache than the context's
+    whole cache blocks (an evicted prefix, or an episode moved to another replica); always False
+    for an engine without a prefix cache.
+    """
+
+    logprobs: tuple[float, ...]
+    weights_version: int
+    prefill_tokens: int
+    cache_miss: bool = False
+
+
 @runtime_checkable
 class PolicyEngine(Protocol):
     """A policy that samples turns and scores sequences.
@@ -69,6 +90,11 @@ class PolicyEngine(Protocol):
       weights version that produced them.
     - ``score`` returns, for each sequence, the log-probs of the tokens in ``[start, end)`` of its
       span, each conditioned on everything before it (teacher forcing).
+    - ``probe`` returns the log-probs of ``continuation[start:end]`` after ``context`` + the
+      continuation's earlier ids, all from one weights version, which it reports (a probe a weight
+      update overlaps is run again). ``affinity`` routes it like the episode's turns, so that the
+      context is found in the prefix cache. Engines without a model (scripted) raise
+      :class:`ProbeUnsupported`; an engine class that can probe says so with ``probes = True``.
     - ``update_weights`` swaps in new weights (a full state dict by parameter name) in place,
       without restarting, and from then on reports ``version``. Requests in flight finish on either
       version; each generation reports the one it ran on.
@@ -81,6 +107,9 @@ class PolicyEngine(Protocol):
 
     async def score(self, sequences: Sequence[Sequence[int]],
                     spans: Sequence[tuple[int, int]]) -> list[list[float]]: ...
+
+    async def probe(self, context: Sequence[int], continuation: Sequence[int], span: tuple[int, int],
+                    affinity: str | None = None) -> Probe: ...
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None: ...
 

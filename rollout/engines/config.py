@@ -28,6 +28,10 @@ class VllmEngineConfig:
     enforce_eager: bool = True
     max_num_seqs: int = 64
     enable_prefix_caching: bool = True
+    # Tokens per KV-cache block, the prefix cache's unit; 0 = vLLM's own (128 on CPU, 16 on GPUs).
+    # An information-gain probe forwards the context's last, partly filled block again: about half a
+    # block on average (on CPU the smallest block vLLM takes is 32).
+    block_size: int = 0
     tensor_parallel_size: int = 1
     # How new weights reach the engine: "inplace" (same process: CPU, or a colocated learner),
     # "nccl" (vLLM's weight-transfer engine from the learner's GPUs), "checkpoint" (a shared dir).

@@ -35,11 +35,19 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Mapping, Sequence
+from typing import ClassVar
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from turnstile.rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.base import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Generation,
+    Probe,
+    SamplingParams,
+)
 from turnstile.rollout.engines.config import EngineConfig
 from turnstile.rollout.engines.shape import follow_model
 from turnstile.rollout.model_store import resolve_model
@@ -94,6 +102,8 @@ class HFEngine:
     Build it with :meth:`from_config`; the constructor takes an already loaded model (tests use
     that to serve a model they built themselves).
     """
+
+    probes: ClassVar[bool] = True  # information gain can be measured on it during rollout
 
     def __init__(self, model: PreTrainedModel, config: EngineConfig) -> None:
         self._model: PreTrainedModel | None = model.eval()
@@ -153,6 +163,22 @@ class HFEngine:
                 raise ValueError(f"sequence {index} has {len(sequence)} tokens but "
                                  f"engine.max_model_len is {self._config.max_model_len}")
         return await asyncio.to_thread(self._score_now, checked, list(spans))
+
+    async def probe(self, context: Sequence[int], continuation: Sequence[int], span: tuple[int, int],
+                    affinity: str | None = None) -> Probe:
+        """One forward over ``context + continuation`` (this engine keeps no prefix cache, so it
+        forwards every token); the version is read under the model's lock, with the forward."""
+        start, end = span
+        if not 0 <= start <= end <= len(continuation) or not context:
+            raise ValueError(f"span {span} does not fit a continuation of {len(continuation)} ids after "
+                             f"a context of {len(context)}")
+        sequence = self._checked_ids([*context, *continuation], "probed sequence")
+        if len(sequence) > self._config.max_model_len:
+            raise ValueError(f"the probed sequence has {len(sequence)} tokens but engine.max_model_len "
+                             f"is {self._config.max_model_len}")
+        offset = len(context)
+        logprobs, version = await asyncio.to_thread(self._probe_now, sequence, (offset + start, offset + end))
+        return Probe(logprobs=tuple(logprobs), weights_version=version, prefill_tokens=len(sequence))
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         """Load a full state dict in place and serve ``version`` from then on.
@@ -221,6 +247,13 @@ class HFEngine:
                     results.extend(self._score_batch(model, sequences[first:first + batch_size],
                                                      spans[first:first + batch_size]))
         return results
+
+    def _probe_now(self, sequence: list[int], span: tuple[int, int]) -> tuple[list[float], int]:
+        with self._model_lock:
+            model = self._open_model()
+            with torch.inference_mode():
+                [logprobs] = self._score_batch(model, [sequence], [span])
+            return logprobs, self._version
 
     def _score_batch(self, model: PreTrainedModel, sequences: list[list[int]],
                      spans: list[tuple[int, int]]) -> list[list[float]]:

@@ -27,7 +27,14 @@ import torch
 from turnstile.envs.chat_client import ChatClient, ChatClientConfig, ChatMessage
 from turnstile.envs.plugins import typed_options
 from turnstile.rollout.chat import ChatFormat
-from turnstile.rollout.engines.base import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Generation,
+    Probe,
+    ProbeUnsupported,
+    SamplingParams,
+)
 from turnstile.rollout.engines.config import EngineConfig
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -85,6 +92,11 @@ class OpenAIEngine:
                     spans: Sequence[tuple[int, int]]) -> list[list[float]]:
         raise ValueError("engine 'openai' cannot score tokens (an endpoint's log-probs are of its own "
                          "tokenizer); use it to evaluate, and a local engine for rewards that score")
+
+    async def probe(self, context: Sequence[int], continuation: Sequence[int], span: tuple[int, int],
+                    affinity: str | None = None) -> Probe:
+        raise ProbeUnsupported("engine 'openai' cannot score tokens (an endpoint's log-probs are of its "
+                               "own tokenizer): measure information gain with a local engine (vllm, hf)")
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         raise ValueError("engine 'openai' serves a model it does not hold: it cannot take new weights")

@@ -22,9 +22,10 @@ ENTRY_POINT_GROUP = "turnstile.engines"
 class EngineClass(Protocol):
     """How an engine is built. An engine class may also define ``check_tasks(config, questions)``,
     raising ValueError when it cannot serve some of them (a scripted policy's unknown questions);
-    drivers call it through :func:`check_engine_tasks` before starting any actor. And it may define
+    drivers call it through :func:`check_engine_tasks` before starting any actor. It may define
     ``weight_sync(config) -> (mode, directory)``, how the driver publishes new weights to it
-    (:func:`weight_sync`)."""
+    (:func:`weight_sync`), and ``probes = True`` when its ``probe`` measures information gain
+    during rollout (:func:`can_probe`)."""
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> PolicyEngine: ...
@@ -56,6 +57,12 @@ def weight_sync(config: EngineConfig) -> tuple[str, str]:
     replica reads (learner and engines on different nodes); the engine class says which."""
     sync = getattr(resolve_engine(config.kind), "weight_sync", None)
     return sync(config) if sync is not None else ("inplace", "")
+
+
+def can_probe(config: EngineConfig) -> bool:
+    """Whether the configured engine can measure information gain while episodes run
+    (:mod:`turnstile.rollout.probes`): its class says ``probes = True`` (vllm, hf; not scripted)."""
+    return bool(getattr(resolve_engine(config.kind), "probes", False))
 
 
 def build_engine(config: EngineConfig) -> PolicyEngine:

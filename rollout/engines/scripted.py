@@ -38,7 +38,14 @@ from turnstile.envs.synthetic.questions import generate_tasks
 from turnstile.envs.synthetic.world import WorldConfig, generate_world
 from turnstile.envs.tasks import Task
 from turnstile.rollout.chat import ChatFormat
-from turnstile.rollout.engines.base import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Generation,
+    Probe,
+    ProbeUnsupported,
+    SamplingParams,
+)
 from turnstile.rollout.engines.config import EngineConfig, ScriptedEngineConfig
 from turnstile.rollout.trajectory import Trajectory, Turn, load_trajectories
 
@@ -175,6 +182,13 @@ class ScriptedEngine:
             if not 0 <= start <= end <= len(sequence):
                 raise ValueError(f"span ({start}, {end}) is outside a sequence of {len(sequence)} ids")
         return [[0.0] * (end - start) for start, end in spans]
+
+    async def probe(self, context: Sequence[int], continuation: Sequence[int], span: tuple[int, int],
+                    affinity: str | None = None) -> Probe:
+        raise ProbeUnsupported(
+            "the scripted engine follows a script and has no model whose belief in the gold answer "
+            "could be measured: score information gain after the fact (information_gain options "
+            "scorer=kv_cache with the model that should score it), or roll out on engine.kind=vllm or hf")
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         self._version = version

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from turnstile.envs.plugins import typed_options
-from turnstile.rollout.engines.base import Generation, SamplingParams
+from turnstile.rollout.engines.base import Generation, Probe, SamplingParams
 from turnstile.rollout.engines.config import EngineConfig
 from turnstile.rollout.engines.scripted import ScriptedEngine
 
@@ -90,6 +90,10 @@ class SimEngine:
     async def score(self, sequences: Sequence[Sequence[int]],
                     spans: Sequence[tuple[int, int]]) -> list[list[float]]:
         return await self.expert.score(sequences, spans)
+
+    async def probe(self, context: Sequence[int], continuation: Sequence[int], span: tuple[int, int],
+                    affinity: str | None = None) -> Probe:
+        return await self.expert.probe(context, continuation, span, affinity)
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         await asyncio.sleep(self.options.load_s)

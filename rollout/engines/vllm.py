@@ -40,17 +40,27 @@ How new weights arrive (``engine.vllm.weight_sync``):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import time
 import uuid
+from array import array
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from turnstile.rollout.engines.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
+from turnstile.rollout.engines.base import (
+    FINISH_ABORT,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Generation,
+    Probe,
+    SamplingParams,
+)
 from turnstile.rollout.engines.config import EngineConfig
 from turnstile.rollout.engines.shape import follow_model, kv_cache_bytes, model_shape
 from turnstile.rollout.errors import describe_error
@@ -66,6 +76,8 @@ logger = logging.getLogger(__name__)
 WEIGHT_SYNC_MODES = ("inplace", "checkpoint", "nccl")
 _WORKER_EXTENSION = f"{__package__}.vllm_cpu.WeightUpdateExtension"
 _FINISH_REASONS = {"stop": FINISH_STOP, "length": FINISH_LENGTH}
+PROBE_ATTEMPTS = 3  # a probe that weight updates overlap this many times in a row fails
+PROBES_REMEMBERED = 4096  # probes whose values a replica keeps (the G samples' identical first boundary)
 
 # The NCCL rendezvous payload of vLLM's ``NCCLWeightTransferInitInfo`` (master_address,
 # master_port, rank_offset, world_size, packed, ...), passed through unchanged.
@@ -74,6 +86,8 @@ WeightTransferInit = Mapping[str, str | int | bool]
 
 class VllmEngine:
     """A :class:`~turnstile.rollout.engines.base.PolicyEngine` backed by one vLLM ``AsyncLLM``."""
+
+    probes: ClassVar[bool] = True  # information gain can be measured on it during rollout
 
     def __init__(self, config: EngineConfig) -> None:
         if config.vllm.weight_sync not in WEIGHT_SYNC_MODES:
@@ -91,6 +105,9 @@ class VllmEngine:
         self._version = 0
         self._in_flight: set[str] = set()
         self.reused_prompt_tokens = 0  # prompt tokens score() read from the prefix cache
+        # probe values by (version, sequence digest, span): an identical probe (the G samples of a
+        # group share their first context) is answered without running it again
+        self._probed: OrderedDict[tuple[int, bytes, int, int], tuple[float, ...]] = OrderedDict()
         self._closed = False
         self._start_failure = ""  # why vLLM could not start: said again, never tried again
         self.startup_seconds: float | None = None
@@ -157,6 +174,7 @@ class VllmEngine:
             kv_cache_memory_bytes=kv_cache,
             max_num_seqs=section.max_num_seqs,
             enable_prefix_caching=section.enable_prefix_caching,
+            block_size=section.block_size or None,  # None: vLLM's own (128 on CPU, 16 on GPUs)
             tensor_parallel_size=section.tensor_parallel_size,
             distributed_executor_backend="uni" if section.tensor_parallel_size == 1 else "mp",
             logprobs_mode="raw_logprobs",
@@ -235,6 +253,49 @@ class VllmEngine:
             scored.append([steps[i][sequence[i]].logprob for i in range(start, end)])  # type: ignore[index]
         return scored
 
+    async def probe(self, context: Sequence[int], continuation: Sequence[int], span: tuple[int, int],
+                    affinity: str | None = None) -> Probe:
+        """Log-probs of ``continuation[start:end]`` after ``context``, reading the context from the
+        prefix cache (see :meth:`score`), all from one weights version: a probe that a weight update
+        overlapped runs again (up to ``PROBE_ATTEMPTS`` times). ``prefill_tokens`` is what vLLM
+        forwarded (its own ``num_cached_tokens`` tells the rest); a probe that found less than the
+        context's whole cache blocks cached is a ``cache_miss``."""
+        start, end = span
+        if not context or not 0 <= start <= end <= len(continuation):
+            raise ValueError(f"span {span} does not fit a continuation of {len(continuation)} ids after "
+                             f"a context of {len(context)}")
+        sequence = [*context, *continuation]
+        self._check_fits(len(sequence), "probed sequence")
+        first, last = len(context) + start, len(context) + end
+        digest = hashlib.blake2b(array("q", sequence).tobytes(), digest_size=16).digest()
+        llm = await self._engine()
+        for _ in range(PROBE_ATTEMPTS):
+            version = self._version
+            known = self._probed.get((version, digest, first, last))
+            if known is not None:
+                return Probe(logprobs=known, weights_version=version, prefill_tokens=0)
+            output = await self._run(llm, sequence, prompt_logprobs_sampling(read_cache=True))
+            cached = output.num_cached_tokens or 0
+            forwarded = len(sequence) - cached
+            if cached >= first:  # no logits were computed for (part of) the span: run it in full
+                output = await self._run(llm, sequence, prompt_logprobs_sampling(read_cache=False))
+                forwarded += len(sequence)
+            if self._version == version:
+                break
+        else:
+            raise RuntimeError(f"weight updates overlapped each of {PROBE_ATTEMPTS} attempts of a probe")
+        steps = output.prompt_logprobs
+        if steps is None:
+            raise RuntimeError("vLLM returned no prompt log-probs")
+        # Positions from 1 on have logprobs (vLLM types them optional, for position 0).
+        logprobs = tuple(steps[i][sequence[i]].logprob for i in range(first, last))  # type: ignore[index]
+        self._probed[(version, digest, first, last)] = logprobs
+        while len(self._probed) > PROBES_REMEMBERED:
+            self._probed.popitem(last=False)
+        block = llm.vllm_config.cache_config.block_size if self.config.vllm.enable_prefix_caching else 0
+        miss = bool(block) and cached < len(context) // block * block
+        return Probe(logprobs=logprobs, weights_version=version, prefill_tokens=forwarded, cache_miss=miss)
+
     async def _score_one(self, llm: AsyncLLM, sequence: Sequence[int], start: int) -> RequestOutput:
         output = await self._run(llm, sequence, prompt_logprobs_sampling(read_cache=True))
         cached = output.num_cached_tokens or 0
@@ -310,6 +371,7 @@ class VllmEngine:
                 await llm.reset_prefix_cache(reset_running_requests=True)
                 await llm.update_weight_version(str(version))
                 self._version = version
+                self._probed.clear()
             finally:
                 await llm.resume_generation()
 
