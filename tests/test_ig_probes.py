@@ -15,7 +15,7 @@ import copy
 import math
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
 import torch
@@ -367,3 +367,57 @@ async def test_the_plugin_keeps_the_rollouts_values_and_refuses_trajectories_nev
     await plugin.score(plain, task)  # never probed: scored after the fact, on the default model
     assert None not in [turn.ig_value for turn in plain.turns]
     assert InformationGain.engine_options({"scorer": "kv_cache"}, engine_probes=True) is None
+
+
+def test_the_after_the_fact_scorer_loads_where_and_as_asked() -> None:
+    """``device: auto`` is the GPU Ray gave the process (a reward worker with worker_gpus), else the
+    CPU; ``dtype`` is what it loads in."""
+    plugin = build_reward(PluginSpec("information_gain", {"scorer": "kv_cache", "dtype": "bfloat16"}))
+    assert isinstance(plugin, InformationGain)
+    _, scorer = plugin._load(ensure_default_model())  # what a reward worker would load
+    model = scorer.model  # type: ignore[attr-defined]
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert model.device.type == expected and model.dtype == torch.bfloat16
+    for bad, message in (({"device": "tpu"}, "device='tpu'"), ({"dtype": "int8"}, "dtype='int8'"),
+                         ({"scorer": "vllm"}, "scorer='vllm'")):
+        with pytest.raises(RewardError, match=message):
+            build_reward(PluginSpec("information_gain", bad))
+
+
+class _Logprob:
+    def __init__(self, value: float) -> None:
+        self.logprob = value
+
+
+class _Output:
+    def __init__(self, sequence: Sequence[int], cached: int, value: float) -> None:
+        self.num_cached_tokens = cached
+        self.prompt_logprobs = [None, *({token: _Logprob(value)} for token in sequence[1:])]
+
+
+class _OverlappedLLM:
+    """vLLM's AsyncLLM as the probe sees it, with a weight update landing during the first request."""
+
+    def __init__(self, engine: object) -> None:
+        self.engine, self.requests = engine, 0
+        self.vllm_config = type("C", (), {"cache_config": type("B", (), {"block_size": 32})()})()
+
+    async def generate(self, prompt: Mapping[str, list[int]], params: object,
+                       request_id: str) -> AsyncIterator[_Output]:
+        self.requests += 1
+        sequence = prompt["prompt_token_ids"]
+        if self.requests == 1:
+            self.engine._version = 7  # type: ignore[attr-defined]  # a publish overlapped this request
+        yield _Output(sequence, cached=96, value=-float(self.requests))
+
+
+async def test_a_vllm_probe_that_a_weight_update_overlapped_runs_again_on_the_new_version() -> None:
+    from turnstile.rollout.engines.vllm import VllmEngine
+
+    engine = VllmEngine(EngineConfig(kind="vllm", max_model_len=1024))
+    llm = _OverlappedLLM(engine)
+    engine._llm = llm  # type: ignore[assignment]
+    probe = await engine.probe(list(range(100)), [5, 6, 7], (1, 3), "e/0")
+    assert llm.requests == 2 and probe.weights_version == 7
+    assert probe.logprobs == (-2.0, -2.0)  # the second run's: all from version 7
+    assert probe.prefill_tokens == 103 - 96 and not probe.cache_miss  # the 3 whole 32-token blocks of 100, cached

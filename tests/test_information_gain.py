@@ -43,6 +43,7 @@ from turnstile.rewards.information_gain.values import (
     segment_boundaries,
 )
 from turnstile.rollout.chat import ChatFormat
+from turnstile.rollout.engines.base import SamplingParams
 from turnstile.rollout.engines.config import EngineConfig, VllmEngineConfig
 from turnstile.rollout.engines.hf import HFEngine
 from turnstile.rollout.engines.scripted import ScriptedEngine
@@ -446,6 +447,37 @@ async def test_vllm_path_reads_the_segment_context_from_the_prefix_cache(
     shorter = [length for segment in grouped for length in sorted(segment.prefix_lens)[:-1]]
     assert len(shorter) >= 5
     assert reused >= sum(max(length - block, 0) for length in shorter)
+
+
+@pytest.mark.integration
+@pytest.mark.asyncio(loop_scope="session")
+async def test_vllm_probes_read_the_context_the_turn_just_prefilled(
+        vllm_engine: VllmEngine, trajectories: dict[str, Trajectory], chat: ChatFormat,
+        model: PreTrainedModel) -> None:
+    """A rollout's probe on vLLM (rollout/probes.py): sent once the turn's request has prefilled the
+    context, it forwards only the context's last, partly filled cache block and the pseudo-response,
+    and equals the KV-cached transformers scorer. An evicted prefix gives the same value, forwards
+    the whole sequence and is counted; an identical probe is answered from memory."""
+    await vllm_engine.reset_prefix_cache()
+    grouped = boundaries(trajectories["mono"], chat)
+    (segment,) = grouped
+    reference = await HFInformationGainScorer(model).gold_logprobs(grouped)
+    block = 128  # vLLM's block on CPU (engine.vllm.block_size 0)
+    *warm, cold = range(len(segment.prefix_lens))
+    for boundary in warm:
+        context, pseudo = list(segment.context_ids[:segment.prefix_lens[boundary]]), segment.pseudo[boundary]
+        await vllm_engine.generate(context, SamplingParams(max_new_tokens=4, temperature=0.0))  # the turn
+        probe = await vllm_engine.probe(context, pseudo.ids, (pseudo.gold_start, pseudo.gold_end), "e/0")
+        assert list(probe.logprobs) == pytest.approx(reference[boundary], abs=ATOL)
+        assert not probe.cache_miss and probe.weights_version == 0
+        assert probe.prefill_tokens == len(context) % block + len(pseudo.ids)
+    await vllm_engine.reset_prefix_cache()  # evicted
+    context, pseudo = list(segment.context_ids[:segment.prefix_lens[cold]]), segment.pseudo[cold]
+    probe = await vllm_engine.probe(context, pseudo.ids, (pseudo.gold_start, pseudo.gold_end), "e/0")
+    assert list(probe.logprobs) == pytest.approx(reference[cold], abs=ATOL)
+    assert probe.cache_miss and probe.prefill_tokens == len(context) + len(pseudo.ids)
+    again = await vllm_engine.probe(context, pseudo.ids, (pseudo.gold_start, pseudo.gold_end), "e/1")
+    assert again.logprobs == probe.logprobs and again.prefill_tokens == 0
 
 
 @pytest.mark.integration

@@ -12,7 +12,16 @@ from transformers import AutoModelForCausalLM
 
 from turnstile.cluster.cli import main
 from turnstile.cluster.cli.config import load_config
-from turnstile.cluster.jobs.run import TrainError, TrainJob, check, step_tasks, trainable
+from turnstile.cluster.jobs.run import (
+    TrainError,
+    TrainJob,
+    check,
+    needs_archive,
+    placed_rewards,
+    probing,
+    step_tasks,
+    trainable,
+)
 from turnstile.cluster.jobs.train import learning_line, run_train
 from turnstile.envs.plugins import PluginSpec
 from turnstile.envs.tasks import Task
@@ -139,6 +148,10 @@ def test_gpu_cluster_example_is_a_valid_experiment() -> None:
     assert job.rollout.fleet.engine_replicas > 1 and job.rollout.fleet.engine_gpus == 1
     assert job.rollout.engine.vllm.weight_sync == "checkpoint" and job.store.kind == "redis"
     assert job.learner.mini_batch % job.learner.dp == 0
+    # information gain measured on the vLLM replicas: no model copy, no GPU for the reward workers
+    assert [on for spec, on in placed_rewards(job) if spec.kind == "information_gain"] == [True]
+    assert probing(job).rollout.episode.ig_probe.enabled and not needs_archive(job)
+    assert job.reward_service.worker_gpus == 0
     for entry in job.rewards:
         resolve_reward(entry.kind)
     resolve_engine(job.rollout.engine.kind)

@@ -31,6 +31,8 @@ pytestmark = pytest.mark.integration
 
 G = 4
 STEPS = 3
+# IGPO with information gain measured on the (hf) replicas during rollout: the faults below reach the probes too
+INFORMATION_GAIN = ["estimator.kind=igpo", "rewards=[{kind: exact_match}, {kind: format}, {kind: information_gain}]"]
 
 
 def overrides(tmp_path: Path, store: str, redis_url: str, *extra: str) -> list[str]:
@@ -122,7 +124,8 @@ def test_killed_worker_replica_and_reward_worker_lose_nothing(ray_local: None, r
     worker killed while it runs an episode that has saved a checkpoint, an engine replica killed
     while it serves, a reward worker killed once it has scored. Each is checked on its own below."""
     job = load_config(TrainJob, EXAMPLE, overrides(tmp_path, store, redis_url, "rollout.fleet.engine_replicas=2",
-                                                   "rollout.fleet.engine_cpus=0.5", "reward_service.workers=2"))
+                                                   "rollout.fleet.engine_cpus=0.5", "reward_service.workers=2",
+                                                   *INFORMATION_GAIN))
     worker, replica, reward = f"{job.name}-worker-0", f"{job.name}-engine-0", f"{job.name}-reward-0"
 
     def scored_some() -> bool:
@@ -166,6 +169,13 @@ def test_killed_worker_replica_and_reward_worker_lose_nothing(ray_local: None, r
     assert any(e["action"] == "replace" and e["member"] == "engine-0" for e in events), events
     ready = [e for e in events if e["action"] == "ready" and e["member"] == "engine-2"]
     assert ready and ready[0]["reason"].startswith("serves weights version"), events
+    # Information gain was measured on the replicas while the episodes ran (rollout/probes.py): the
+    # probes of the killed replica's episodes went to the replica that took them over, and those of
+    # the killed worker's episodes were taken again only where the checkpoint had no value: every
+    # boundary of every sample has one value, none missing.
+    assert all(t.metadata.get("ig_missing") is None for t in samples), [t.metadata for t in samples]
+    assert all(turn.ig_value is not None and turn.ig_version is not None for t in samples for turn in t.turns)
+    assert sum(t.metadata["ig_probes"]["boundaries"] for t in samples) >= len(samples)  # type: ignore[index]
 
 
 def test_tool_failures_at_30_percent_every_episode_completes(ray_local: None, redis_url: str,

@@ -340,9 +340,11 @@ class VllmEngine:
         return self._version
 
     async def reset_prefix_cache(self) -> None:
-        """Forget every prefix-cache entry (a benchmark starts each measurement cold)."""
+        """Forget every prefix-cache entry and every remembered probe (a benchmark starts each
+        measurement cold)."""
         llm = await self._engine()
         await llm.reset_prefix_cache()
+        self._probed.clear()
 
     async def update_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
         """Swap in new weights without restarting, then serve ``version`` (see module docstring)."""
