@@ -171,38 +171,33 @@ async def run_episode(task: Task, uid: str, sample: int, engine: PolicyEngine, t
     probes = IgProbes(engine, chat, trajectory.answers[0] if trajectory.answers else "", affinity,
                       config.ig_probe) if config.ig_probe.enabled else None
     try:
-        env = build_env(task, toolbox, replace(config.env, expect_report=context_manager.expect_report))
-        episode = _Episode(trajectory, engine, chat, context_manager, config, affinity, checkpointing, probes)
-        async with deadline:
-            await episode.run(env)
-    except TimeoutError as error:
-        if deadline.expired():
-            trajectory.stop_reason = StopReason.TIMEOUT
-        else:
-            _record_error(trajectory, error)
-    except Exception as error:  # whatever else went wrong ends this episode only
-        if isinstance(error, StoreDataLostError):
-            _cancel(probes)
+        try:
+            env = build_env(task, toolbox, replace(config.env, expect_report=context_manager.expect_report))
+            episode = _Episode(trajectory, engine, chat, context_manager, config, affinity, checkpointing, probes)
+            async with deadline:
+                await episode.run(env)
+        except TimeoutError as error:
+            if deadline.expired():
+                trajectory.stop_reason = StopReason.TIMEOUT
+            else:
+                _record_error(trajectory, error)
+        except StoreDataLostError:
             raise  # the store lost the run's data: the driver stops the run
-        _record_error(trajectory, error)
-    except BaseException:  # the episode itself was cancelled
-        _cancel(probes)
-        raise
+        except Exception as error:  # noqa: BLE001 - whatever else went wrong, it ends this episode only
+            _record_error(trajectory, error)
+        finally:
+            if env is not None:
+                await env.close()
+            trajectory.wall_s = episode.wall_s() if episode is not None else time.monotonic() - started
+        if probes is not None:
+            await probes.finish(trajectory)
     finally:
-        if env is not None:
-            await env.close()
-        trajectory.wall_s = episode.wall_s() if episode is not None else time.monotonic() - started
-    if probes is not None:
-        await probes.finish(trajectory)
+        if probes is not None:
+            probes.cancel()  # what is still running if the episode never reached finish()
     verdict = environment_verdict(trajectory, config.faults)
     if verdict is not None:
         trajectory.metadata[VERDICT_KEY] = verdict
     return trajectory
-
-
-def _cancel(probes: IgProbes | None) -> None:
-    if probes is not None:
-        probes.cancel()
 
 
 def _record_error(trajectory: Trajectory, error: Exception) -> None:

@@ -140,16 +140,16 @@ class EngineRouter:
     def replica_ids(self) -> list[int]:
         return sorted(self._replicas)
 
-    def choose(self, affinity: str | None) -> int | None:
+    def choose(self, affinity: str | None, stay: bool = False) -> int | None:
         """The replica for a request: the episode's own while it serves and is not more than
-        ``MOVE_AFTER`` requests busier than the least loaded, else the least loaded (which becomes
-        the episode's); None while no replica is live."""
+        ``MOVE_AFTER`` requests busier than the least loaded (``stay``: however busy), else the least
+        loaded (which becomes the episode's); None while no replica is live."""
         alive = [i for i in self._replicas if i not in self._dead]
         if not alive:
             return None
         least = min(alive, key=lambda i: self._in_flight.get(i, 0))
         own = self._affinity.get(affinity) if affinity is not None else None
-        if own in alive and self._in_flight.get(own, 0) - self._in_flight.get(least, 0) <= self.MOVE_AFTER:
+        if own in alive and (stay or self._in_flight.get(own, 0) - self._in_flight.get(least, 0) <= self.MOVE_AFTER):
             return own
         if affinity is not None:
             self._affinity[affinity] = least
@@ -159,9 +159,9 @@ class EngineRouter:
         """Count a request sent to replica ``index`` (``change=-1``: its answer came back)."""
         self._in_flight[index] = self._in_flight.get(index, 0) + change
 
-    async def _pick(self, affinity: str | None) -> int:
+    async def _pick(self, affinity: str | None, stay: bool = False) -> int:
         waited = 0.0
-        while (index := self.choose(affinity)) is None:
+        while (index := self.choose(affinity, stay)) is None:
             if waited >= self.wait_for_replica_s:
                 raise RuntimeError(f"no engine replica has served for {self.wait_for_replica_s:.0f} s; "
                                    "the rollout cannot continue")
@@ -180,16 +180,19 @@ class EngineRouter:
 
     async def probe(self, context: Sequence[int], continuation: Sequence[int], span: tuple[int, int],
                     affinity: str | None = None) -> Probe:
-        """On the episode's replica, whose prefix cache holds its context (a probe counts as load)."""
+        """On the episode's replica, however busy: its prefix cache holds the context (a probe
+        never moves an episode, but counts as load for the others' placement)."""
         return await self._on_episode_replica(
-            affinity, lambda replica: replica.probe.remote(list(context), list(continuation), span, affinity))
+            affinity, lambda replica: replica.probe.remote(list(context), list(continuation), span, affinity),
+            stay=True)
 
     async def _on_episode_replica(self, affinity: str | None,
-                                  call: Callable[[ray.actor.ActorHandle], ray.ObjectRef[T]]) -> T:
+                                  call: Callable[[ray.actor.ActorHandle], ray.ObjectRef[T]],
+                                  stay: bool = False) -> T:
         """``call`` on the replica :meth:`choose` gives the episode; if that replica died, once more
         on the one that takes the episode over."""
         for attempt in (1, 2):
-            index = await self._pick(affinity)
+            index = await self._pick(affinity, stay)
             self.sent(index)
             try:
                 return await call(self._replicas[index])

@@ -146,6 +146,7 @@ class IgProbes:
                     await self.issue(turn.index, ids[:turn.context_len])
 
     def _collect(self, turn: int, task: asyncio.Task[Probe]) -> None:
+        """Take a finished probe's result (idempotent: its done-callback may come after)."""
         if self._running.get(turn) is task:
             del self._running[turn]
         if task.cancelled():
@@ -165,8 +166,8 @@ class IgProbes:
                 turn.ig_value, turn.ig_version = _mean(probe.logprobs), probe.weights_version
 
     async def finish(self, trajectory: Trajectory) -> None:
-        """Wait for the last probes (at most ``timeout_s``), then write every turn's value, or mark
-        the trajectory's information gain missing."""
+        """Wait for the last probes (at most ``timeout_s``, outside the episode's own time-out), then
+        write every turn's value, or mark the trajectory's information gain missing."""
         started = time.monotonic()
         pending = list(self._running.values())
         if pending:
@@ -179,6 +180,8 @@ class IgProbes:
                 task.cancel()
             if late:
                 await asyncio.wait(late)
+        for index, task in list(self._running.items()):  # done, but their callbacks not run yet
+            self._collect(index, task)
         self.record(trajectory)
         turns = trajectory.turns
         probed = [self._done[t] for t in sorted(self._done)]
@@ -194,13 +197,14 @@ class IgProbes:
             trajectory.metadata[MISSING_KEY] = why
             log.warning("episode %s: information gain missing (%s); it trains on outcome and format "
                         "only", self.affinity, why)
+        elif turns and self._pseudo[False] is None:
+            log.warning("episode %s: the gold answer %r has no tokens; information gain is off for it "
+                        "(outcome and format only)", self.affinity, self.gold)
 
     def _missing_reason(self, trajectory: Trajectory) -> str:
         turns = trajectory.turns
-        if not turns:
+        if not turns or self._pseudo[False] is None:  # no turn, or no gold to measure: IG is off, not missing
             return ""
-        if self._pseudo[False] is None:
-            return f"the gold answer {self.gold!r} has no tokens"
         absent = [turn.index for turn in turns if turn.ig_value is None]
         if not absent:
             return ""

@@ -217,6 +217,22 @@ async def test_batched_score_equals_one_by_one(engine: PolicyEngine, model: str)
         assert max_abs_difference(batched, single) <= SELF_ATOL
 
 
+async def test_a_probe_equals_the_reference_and_reports_the_served_version(engine: PolicyEngine,
+                                                                         model: str) -> None:
+    # An information-gain probe (rollout/probes.py): the continuation's span after the context, as
+    # the reference forward over the whole sequence gives it, under the version the engine serves.
+    reference = load_reference_model(model)
+    prompt = conformance_prompts(model)[1]
+    context, continuation = list(prompt[:-7]), list(prompt[-7:])
+    probe = await engine.probe(context, continuation, (2, 6), affinity="conformance/0")
+    assert len(probe.logprobs) == 4 and probe.weights_version == await engine.weights_version()
+    assert max_abs_difference(probe.logprobs, reference_logprobs(reference, prompt, (len(context) + 2,
+                                                                                     len(context) + 6))) <= CROSS_ATOL
+    assert 4 <= probe.prefill_tokens <= len(prompt)
+    with pytest.raises(ValueError):
+        await engine.probe(context, continuation, (3, 9))  # a span past the continuation
+
+
 async def test_a_prompt_longer_than_max_model_len_is_rejected(engine: PolicyEngine) -> None:
     too_long = [7] * (MAX_MODEL_LEN + 1)
     with pytest.raises(ValueError) as raised:

@@ -128,7 +128,7 @@ def value_of(context: Sequence[int]) -> float:
 
 
 async def probed_episode(task: Task, engine: object, toolbox: Toolbox, chat: ChatFormat, *,
-                         kind: str = "mono", timeout_s: float = 60.0, sample: int = 0,
+                         kind: str = "mono", timeout_s: float = 600.0, sample: int = 0,
                          checkpointing: Checkpointing | None = None, **limits: int) -> Trajectory:
     env = EnvConfig(max_turns=limits.pop("max_turns", 200))
     config = EpisodeConfig(env=env, context_budget=limits.pop("context_budget", 262144),
@@ -420,4 +420,62 @@ async def test_a_vllm_probe_that_a_weight_update_overlapped_runs_again_on_the_ne
     probe = await engine.probe(list(range(100)), [5, 6, 7], (1, 3), "e/0")
     assert llm.requests == 2 and probe.weights_version == 7
     assert probe.logprobs == (-2.0, -2.0)  # the second run's: all from version 7
-    assert probe.prefill_tokens == 103 - 96 and not probe.cache_miss  # the 3 whole 32-token blocks of 100, cached
+    assert probe.prefill_tokens == 2 * (103 - 96)  # both runs count; the 3 whole 32-token blocks of 100 were cached
+    assert not probe.cache_miss
+
+
+class _Counting(_OverlappedLLM):
+    """An AsyncLLM whose requests take a moment and never overlap a weight update."""
+
+    async def generate(self, prompt: Mapping[str, list[int]], params: object,
+                       request_id: str) -> AsyncIterator[_Output]:
+        self.requests += 1
+        await asyncio.sleep(0.05)
+        yield _Output(prompt["prompt_token_ids"], cached=0, value=-1.0)
+
+
+async def test_identical_vllm_probes_in_flight_run_once() -> None:
+    """The G samples of a group probe the same first context at about the same time."""
+    from turnstile.rollout.engines.vllm import VllmEngine
+
+    engine = VllmEngine(EngineConfig(kind="vllm", max_model_len=1024))
+    llm = _Counting(engine)
+    engine._llm = llm  # type: ignore[assignment]
+    probes = await asyncio.gather(*(engine.probe(list(range(40)), [5, 6, 7], (1, 3), f"g/{i}") for i in range(4)))
+    assert llm.requests == 1
+    assert sorted(p.prefill_tokens for p in probes) == [0, 0, 0, 43]
+    assert {p.logprobs for p in probes} == {(-1.0, -1.0)}
+    again = await engine.probe(list(range(40)), [5, 6, 7], (1, 3), "g/4")  # answered: remembered
+    assert llm.requests == 1 and again.prefill_tokens == 0
+
+
+async def test_a_probe_stays_on_its_episodes_busy_replica_where_a_turn_would_move() -> None:
+    replicas = {0: _Replica(0, dead=False), 1: _Replica(1, dead=False)}
+    router = EngineRouter(replicas)  # type: ignore[arg-type]
+    router._affinity["t/0"] = 0
+    router.sent(0, EngineRouter.MOVE_AFTER + 3)  # replica 0 is busy
+    probe = await router.probe([1, 2, 3], [4, 5], (0, 2), affinity="t/0")
+    assert probe.weights_version == 0 and router._affinity["t/0"] == 0  # its cache, and the episode stays
+    assert router.choose("t/0") == 1  # a turn would move it
+
+
+async def test_failed_episodes_and_gold_without_tokens_are_not_missing_ig(
+        chat: ChatFormat, tasks: list[Task], toolbox: Toolbox) -> None:
+    task = chain(tasks)
+    empty = Trajectory(uid="u", sample=0, task_id=task.id, question=task.question, answers=list(task.answers))
+    await build_reward(PluginSpec("information_gain", {"scorer": "engine"})).score(empty, task)  # no turn: nothing
+    goldless = Task(id=task.id, question=task.question, answers=("  ",), clues=task.clues, metadata=task.metadata)
+    trajectory = await probed_episode(goldless, Staged(ScriptedEngine(chat, tasks=tasks)), toolbox, chat)
+    assert trajectory.turns and all(turn.ig_value is None for turn in trajectory.turns)
+    assert MISSING_KEY not in trajectory.metadata  # IG is off for it, as after the fact: nothing failed
+    assert trajectory.metadata[COST_KEY]["boundaries"] == 0  # type: ignore[index]
+
+
+async def test_auto_with_weights_of_its_own_scores_again_after_the_fact(
+        chat: ChatFormat, tasks: list[Task], toolbox: Toolbox) -> None:
+    task = chain(tasks)
+    probed = await probed_episode(task, Staged(ScriptedEngine(chat, tasks=tasks)), toolbox, chat)
+    staged = [turn.ig_value for turn in probed.turns]  # the Staged engine's made-up values
+    await build_reward(PluginSpec("information_gain", {"model": "tiny-qwen3"})).score(probed, task)
+    assert [turn.ig_value for turn in probed.turns] != staged
+    assert InformationGain.engine_options({"versions_dir": "/runs/x/weights"}, engine_probes=True) is None

@@ -488,13 +488,15 @@ async def test_a_reset_prefix_cache_makes_the_next_request_cold(
     (segment, *_) = boundaries(trajectories["mono"], chat)
     longest = max(range(len(segment.prefix_lens)), key=lambda b: segment.prefix_lens[b])
     request = ([segment.sequence(longest)], [segment.gold_span(longest)])
+    await vllm_engine.reset_prefix_cache()  # cold, whatever the tests before left cached
     first = await vllm_engine.score(*request)
     before = vllm_engine.reused_prompt_tokens
-    assert await vllm_engine.score(*request) == first
+    # warm and cold differ only by float rounding (the prefill is cut into other chunks)
+    assert worst_gap(await vllm_engine.score(*request), first) <= ATOL
     assert vllm_engine.reused_prompt_tokens > before  # warm: the prefix came from the cache
     await vllm_engine.reset_prefix_cache()
     before = vllm_engine.reused_prompt_tokens
-    assert await vllm_engine.score(*request) == first
+    assert await vllm_engine.score(*request) == first  # cold again: the same computation
     assert vllm_engine.reused_prompt_tokens == before  # cold: nothing was cached
 
 

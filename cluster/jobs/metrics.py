@@ -124,6 +124,7 @@ def probe_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     costs = [t.metadata[COST_KEY] for t in trajectories if isinstance(t.metadata.get(COST_KEY), dict)]
     if not costs:
         return {}
+
     def total(key: str) -> float:
         return float(sum(cost.get(key, 0) for cost in costs))  # type: ignore[union-attr,misc]
     boundaries = total("boundaries")

@@ -368,8 +368,9 @@ class Run:
         specs = []
         for entry, on_engines in placed_rewards(self.job):
             options = dict(entry.options)
-            if not on_engines and resolve_reward(entry.kind).scores_with_policy and self.archive is not None \
-                    and not (options.get("model") or options.get("versions_dir")):
+            own_weights = options.get("model") or options.get("versions_dir")
+            after_the_fact = not on_engines and resolve_reward(entry.kind).scores_with_policy
+            if after_the_fact and self.archive is not None and not own_weights:
                 options["versions_dir"] = str(self.archive.root)
             specs.append(PluginSpec(entry.kind, options))
         return specs

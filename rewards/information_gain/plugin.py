@@ -13,10 +13,12 @@ Where ``v_s`` is computed (option ``scorer``, docs/algorithms.md §4):
   (``O(L + T·R)``). For ``turnstile score`` on saved rollouts, rollouts of an engine that cannot be
   probed (scripted), and as the reference the engine path is tested against.
 - ``per_prefix``: after the fact, one forward per boundary (the naive reference of ``kv_cache``).
-- ``auto`` (the default): the values the rollout measured where a trajectory has them, else ``kv_cache``.
+- ``auto`` (the default): the values the rollout measured where a trajectory has them, else
+  ``kv_cache``; with ``model`` or ``versions_dir`` set, always ``kv_cache`` with those weights.
 
-The after-the-fact scorers load their model where ``device`` says (``auto``: the GPU Ray gave this
-process, as to a reward worker with ``reward_service.worker_gpus``, else the CPU), in ``dtype``:
+The after-the-fact scorers load their model where ``device`` says (``auto``: a GPU when this process
+sees one, which in a Ray actor means one it asked for, as a reward worker with
+``reward_service.worker_gpus`` does; else the CPU), in ``dtype``:
 
 - ``model``: one fixed model directory (scoring saved rollouts of a known policy);
 - ``versions_dir``: a weights archive (``turnstile train`` keeps one under ``out/weights`` when it
@@ -53,7 +55,7 @@ class InformationGainConfig:
     scorer: str = "auto"  # auto | engine (during rollout) | kv_cache | per_prefix (after the fact)
     model: str = ""  # after the fact: the behaviour policy's weights directory; "" = the default tiny model
     versions_dir: str = ""  # after the fact: a weights archive (turnstile train's out/weights); overrides model
-    device: str = "auto"  # after the fact: auto (the GPU Ray gave this process, else cpu), cpu, cuda, cuda:N
+    device: str = "auto"  # after the fact: auto (a GPU this process sees, else cpu), cpu, cuda, cuda:N
     dtype: str = "float32"  # after the fact: float32, bfloat16 or float16
 
     def __post_init__(self) -> None:
@@ -88,7 +90,8 @@ class InformationGain(RewardPlugin):
                               "rollout, and this run's engine cannot be probed (it has no model, as the "
                               "scripted one): use rollout.engine.kind=vllm or hf, or score after the fact "
                               "with scorer=kv_cache")
-        if scorer == "engine" or (scorer == "auto" and engine_probes and not options.get("model")):
+        own_weights = bool(options.get("model") or options.get("versions_dir"))
+        if scorer == "engine" or (scorer == "auto" and engine_probes and not own_weights):
             return {**options, "scorer": "engine"}
         return None
 
@@ -126,9 +129,12 @@ class InformationGain(RewardPlugin):
         return ChatFormat.from_pretrained(path), scorer_class(model)
 
     async def score(self, trajectory: Trajectory, task: Task) -> None:
-        if self.config.scorer in ("engine", "auto") and measured_on_engine(trajectory):
+        if not trajectory.turns:
+            return  # an episode that failed before its first turn: no boundary to measure
+        kind, own_weights = self.config.scorer, bool(self.config.model or self.config.versions_dir)
+        if (kind == "engine" or (kind == "auto" and not own_weights)) and measured_on_engine(trajectory):
             return  # the rollout measured v on the engine (or marked it missing)
-        if self.config.scorer == "engine":
+        if kind == "engine":
             raise RewardError(f"trajectory {trajectory.uid}/{trajectory.sample} carries no information gain "
                               "measured on the engines (rollout.episode.ig_probe was off when it ran): "
                               "score it after the fact with information_gain scorer=kv_cache")

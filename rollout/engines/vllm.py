@@ -108,6 +108,7 @@ class VllmEngine:
         # probe values by (version, sequence digest, span): an identical probe (the G samples of a
         # group share their first context) is answered without running it again
         self._probed: OrderedDict[tuple[int, bytes, int, int], tuple[float, ...]] = OrderedDict()
+        self._probing: dict[tuple[bytes, int, int], asyncio.Future[Probe]] = {}  # probes running now
         self._closed = False
         self._start_failure = ""  # why vLLM could not start: said again, never tried again
         self.startup_seconds: float | None = None
@@ -258,8 +259,10 @@ class VllmEngine:
         """Log-probs of ``continuation[start:end]`` after ``context``, reading the context from the
         prefix cache (see :meth:`score`), all from one weights version: a probe that a weight update
         overlapped runs again (up to ``PROBE_ATTEMPTS`` times). ``prefill_tokens`` is what vLLM
-        forwarded (its own ``num_cached_tokens`` tells the rest); a probe that found less than the
-        context's whole cache blocks cached is a ``cache_miss``."""
+        forwarded for it, over every attempt (its own ``num_cached_tokens`` tells the rest); a probe
+        that found less than the context's whole cache blocks cached is a ``cache_miss``. A probe
+        identical to one answered under the serving version, or to one still running (the G samples
+        of a group share their first context), takes that one's values and forwards nothing."""
         start, end = span
         if not context or not 0 <= start <= end <= len(continuation):
             raise ValueError(f"span {span} does not fit a continuation of {len(continuation)} ids after "
@@ -267,16 +270,28 @@ class VllmEngine:
         sequence = [*context, *continuation]
         self._check_fits(len(sequence), "probed sequence")
         first, last = len(context) + start, len(context) + end
-        digest = hashlib.blake2b(array("q", sequence).tobytes(), digest_size=16).digest()
+        key = (hashlib.blake2b(array("q", sequence).tobytes(), digest_size=16).digest(), first, last)
+        known = self._probed.get((self._version, *key))
+        if known is not None:
+            return Probe(logprobs=known, weights_version=self._version, prefill_tokens=0)
+        running = self._probing.get(key)
+        if running is not None:  # shielded: one caller's cancellation leaves the others their answer
+            probe = await asyncio.shield(running)
+            return Probe(logprobs=probe.logprobs, weights_version=probe.weights_version, prefill_tokens=0)
+        task = asyncio.ensure_future(self._probe(sequence, first, last, len(context), key[0]))
+        self._probing[key] = task
+        task.add_done_callback(lambda _: self._probing.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _probe(self, sequence: list[int], first: int, last: int, context_len: int,
+                     digest: bytes) -> Probe:
         llm = await self._engine()
+        forwarded = 0
         for _ in range(PROBE_ATTEMPTS):
             version = self._version
-            known = self._probed.get((version, digest, first, last))
-            if known is not None:
-                return Probe(logprobs=known, weights_version=version, prefill_tokens=0)
             output = await self._run(llm, sequence, prompt_logprobs_sampling(read_cache=True))
             cached = output.num_cached_tokens or 0
-            forwarded = len(sequence) - cached
+            forwarded += len(sequence) - cached
             if cached >= first:  # no logits were computed for (part of) the span: run it in full
                 output = await self._run(llm, sequence, prompt_logprobs_sampling(read_cache=False))
                 forwarded += len(sequence)
@@ -293,7 +308,7 @@ class VllmEngine:
         while len(self._probed) > PROBES_REMEMBERED:
             self._probed.popitem(last=False)
         block = llm.vllm_config.cache_config.block_size if self.config.vllm.enable_prefix_caching else 0
-        miss = bool(block) and cached < len(context) // block * block
+        miss = bool(block) and cached < context_len // block * block
         return Probe(logprobs=logprobs, weights_version=version, prefill_tokens=forwarded, cache_miss=miss)
 
     async def _score_one(self, llm: AsyncLLM, sequence: Sequence[int], start: int) -> RequestOutput:
