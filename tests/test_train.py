@@ -173,7 +173,9 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
                  f"store.kind={store}", f"store.namespace=t{tmp_path.name}",
                  "rollout.fleet.episodes_per_worker=16", *([f"store.url={redis_url}"] if store == "redis" else [])]
     job = load_config(TrainJob, EXAMPLE, overrides)
-    job.rewards.append(PluginSpec("information_gain"))  # scored by the version that generated each sample
+    # after the fact, by the archived version that generated each sample (the engine path, the
+    # default on hf and vLLM, runs in test_train_faults.py)
+    job.rewards.append(PluginSpec("information_gain", {"scorer": "kv_cache"}))
     state = run_train(job, progress=False)
     assert state.step == 3 and state.weights_version == 3
     # Admission: never more than (η + version + 1) batches of samples started.
@@ -192,7 +194,7 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
         versions = Counter(turn.weights_version for turn in t.turns)
         generating = max(versions, key=lambda v: (versions[v], v))
         assert t.metadata["ig_weights_version"] == generating  # kept: η + 2 versions
-        assert all(turn.ig_value is not None for turn in t.turns)
+        assert all(turn.ig_value is not None and turn.ig_version == generating for turn in t.turns)
     assert sorted(p.name for p in (tmp_path / "weights").iterdir() if p.name.startswith("v")) == ["v1", "v2", "v3"]
     assert "step 3 | reward" in capsys.readouterr().out
 
