@@ -95,6 +95,13 @@ COMPARISON = ("mh_grpo_lr3e5", "mh_abc_grpo_lr3e5", "mh_igpo_lr3e5", "mh_igpo_ev
 # ``keep`` trains them as the wrong answers they look like.
 FAULTS = ["rollout.tools.toolbox.inject_failure_rate=0.3", "rollout.tools.toolbox.max_attempts=1"]
 
+# Off-policy gaps (issue 50): the default job, sync or async (staleness 1), fp32 or bf16 engines, with
+# and without veRL's rollout correction (token TIS at 2, decoupled: the proximal log-probs recomputed).
+BF16 = "rollout.engine.dtype=bfloat16"
+ASYNC = ["mode=async", "staleness=1"]
+TIS = ["learner.recompute_old_log_probs=true", "learner.rollout_correction.rollout_is=token"]
+OFFPOLICY_ARMS = ("op_sync_fp32", "op_sync_bf16", "op_sync_bf16_tis", "op_async", "op_async_tis")
+
 ARMS: dict[str, tuple[str, list[str]]] = {
     "grpo": ("GRPO, mono context (the default)", []),
     "igpo": ("IGPO: browse-aware IG, IG-Scale, turn format penalty", [IG, "estimator.kind=igpo"]),
@@ -146,6 +153,11 @@ ARMS: dict[str, tuple[str, list[str]]] = {
                       [*MULTIHOP, IG, "estimator.kind=igpo", LOW_LR]),
     "mh_igpo_every_lr3e5": ("multi-hop: IG at every turn boundary (ig_tools=[]), learning rate 3e-5",
                             [*MULTIHOP, IG, "estimator.kind=igpo", "estimator.options={ig_tools: []}", LOW_LR]),
+    "op_sync_fp32": ("off-policy: sync, fp32 engines (the default)", []),
+    "op_sync_bf16": ("off-policy: sync, bf16 engines, uncorrected", [BF16]),
+    "op_sync_bf16_tis": ("off-policy: sync, bf16 engines, token TIS (decoupled)", [BF16, *TIS]),
+    "op_async": ("off-policy: async (staleness 1), fp32 engines, uncorrected", ASYNC),
+    "op_async_tis": ("off-policy: async (staleness 1), fp32 engines, token TIS (decoupled)", [*ASYNC, *TIS]),
 }
 # The arms that start from another model than the warm start, built once into OUT/models/NAME
 # (`turnstile build-model NAME`, resumable). The warm start never writes the <report> an
