@@ -33,6 +33,7 @@ import torch
 
 from turnstile.envs.files import atomic_write
 from turnstile.learner.batch import Sample, balance_for_ranks, collate, importance_ratios, samples_from_trajectories
+from turnstile.learner.correction import CorrectionConfig, correct
 from turnstile.learner.credit.registry import Estimator
 from turnstile.learner.downsample import downsample, renormalise
 from turnstile.rollout.trajectory import Trajectory
@@ -96,6 +97,9 @@ class LearnerConfig:
     kl_coef: float = 0.0  # > 0 adds KL to a frozen reference copy of the initial model
     kl_type: str = "low_var_kl"
     recompute_old_log_probs: bool | None = None  # False: the rollout's own log-probs are the old policy
+    # veRL's rollout correction of the engines' log-probs against the learner's (learner/correction.py):
+    # decoupled when the old log-probs are recomputed, bypass otherwise; and the mismatch guard
+    rollout_correction: CorrectionConfig = field(default_factory=CorrectionConfig)
     max_length: int = 8192  # prompt + response tokens per sample; longer responses are cut (counted)
     seed: int = 0
     gradient_checkpointing: bool = False
@@ -154,6 +158,7 @@ class LearnerConfig:
                                f"{-(-self.max_length // self.sequence_parallel)} or raise sequence_parallel")
         if self.threads < 0:
             raise LearnerError("learner.threads must be >= 0 (0 = learner.num_cpus_per_worker)")
+        self.rollout_correction.check_mode(recompute=self.loss_settings().recompute_old_log_probs, loss=self.loss)
         known = getattr(torch.optim, self.optimizer, None)
         if not (isinstance(known, type) and issubclass(known, torch.optim.Optimizer)):
             raise LearnerError(f"learner.optimizer={self.optimizer!r} is not an optimiser of torch.optim "
@@ -350,13 +355,16 @@ class Learner:
         from turnstile.learner.verl_workers import ppo_loss_with_mismatch
 
         c, loss = self.config, self.config.loss_settings()
+        policy_loss: dict[str, Any] = {"loss_mode": c.loss}
+        if c.rollout_correction.active and not loss.recompute_old_log_probs:  # veRL's bypass mode
+            policy_loss = {"loss_mode": "bypass_mode", "rollout_correction": c.rollout_correction.verl()}
         actor = ActorConfig(strategy="fsdp2", rollout_n=1, ppo_mini_batch_size=c.mini_batch,
                             ppo_micro_batch_size_per_gpu=c.micro_batch, clip_ratio_low=loss.clip_ratio_low,
                             clip_ratio_high=loss.clip_ratio_high, loss_agg_mode=loss.loss_agg_mode,
                             entropy_coeff=c.entropy_coeff, use_kl_loss=c.kl_coef > 0,
                             kl_loss_coef=c.kl_coef, kl_loss_type=c.kl_type,
-                            policy_loss={"loss_mode": c.loss})  # type: ignore[arg-type]  # veRL .get()s it
-        return partial(ppo_loss_with_mismatch, actor)
+                            policy_loss=policy_loss)  # type: ignore[arg-type]  # veRL .get()s it
+        return partial(ppo_loss_with_mismatch, actor, bypass=not loss.recompute_old_log_probs)
 
     # -- updates -------------------------------------------------------------------------------
     def rl_step(self, trajectories: Sequence[Trajectory], estimator: Estimator, *,
@@ -404,10 +412,11 @@ class Learner:
         data, padded = self._tensordict(layout)
         mismatch: dict[str, float] = {}
         if not sft:
-            if c.loss_settings().recompute_old_log_probs:
+            if c.loss_settings().recompute_old_log_probs:  # decoupled: proximal, behaviour and current policies
                 recomputed = self._log_probs(self._actor, layout)
                 mismatch = self._inference_mismatch(padded, recomputed)
                 data["old_log_probs"] = recomputed
+                mismatch.update(self._correct(data, padded, recomputed))
             if self._reference is not None:
                 data["ref_log_prob"] = self._log_probs(self._reference, layout)
         # veRL's loss adds the entropy bonus only when the forward computed the entropy.
@@ -423,6 +432,23 @@ class Learner:
         return StepReport(trained=True, samples=len(layout),
                           tokens=int(padded.tensors["attention_mask"].sum()),
                           truncated_tokens=padded.truncated_tokens, metrics=metrics)
+
+    def _correct(self, data: Any, padded: Any, recomputed: torch.Tensor) -> dict[str, float]:  # noqa: ANN401
+        """Decoupled mode: veRL's rollout correction of the recomputed (proximal) log-probs against the
+        engines' (:func:`turnstile.learner.correction.correct`): the weights go to veRL's loss as
+        ``rollout_is_weights``; rejected tokens leave ``response_mask`` and the loss's token count
+        (``loss_mask``). Without weights or masks configured, only the mismatch is measured."""
+        behaviour, mask = padded.tensors["old_log_probs"], padded.tensors["response_mask"]
+        width = min(behaviour.shape[1], recomputed.shape[1])
+        weights, kept, metrics = correct(recomputed[:, :width], behaviour[:, :width], mask[:, :width],
+                                         self.config.rollout_correction)
+        if weights is not None:
+            data["rollout_is_weights"] = torch.nn.functional.pad(weights, (0, mask.shape[1] - width))
+        if not torch.equal(kept, mask[:, :width].to(kept.dtype)):
+            whole = mask.clone()
+            whole[:, :width] = kept.to(mask.dtype)
+            data["response_mask"] = data["loss_mask"] = whole
+        return metrics
 
     def _inference_mismatch(self, padded: Any, recomputed: torch.Tensor) -> dict[str, float]:  # noqa: ANN401
         """``mismatch/*`` of the rollout's log-probs against the learner's on the same weights."""

@@ -69,7 +69,7 @@ def weighted_sft_loss(config: Any, model_output: TensorDict, data: TensorDict,  
 
 
 def ppo_loss_with_mismatch(config: Any, model_output: TensorDict, data: TensorDict,  # noqa: ANN401
-                           dp_group: object = None) -> tuple[torch.Tensor, dict[str, Any]]:
+                           dp_group: object = None, *, bypass: bool = True) -> tuple[torch.Tensor, dict[str, Any]]:
     """veRL's ``ppo_loss``, plus the importance ratio between the learner's log-probs and the old
     policy's on the same response tokens: ``mismatch/ratio_mean``, ``mismatch/ratio_max`` and
     ``mismatch/clipped`` (the share outside the clip range): per token, or per sequence for GSPO,
@@ -81,12 +81,28 @@ def ppo_loss_with_mismatch(config: Any, model_output: TensorDict, data: TensorDi
     step's own updates. With recomputed old log-probs (GSPO's default) the learner overwrites these
     three with the rollout's log-probs against the recomputed ones, the same mismatch
     (:meth:`turnstile.learner.trainer.Learner._train`).
+
+    In ``bypass`` mode (the engines' log-probs are the old policy) it also reports veRL's off-policy
+    metrics of the current policy against the engines' (``rollout_corr/kl``, ``k3_kl`` ...): veRL's
+    bypass-mode loss measures them itself when the rollout correction is on, and
+    :func:`turnstile.learner.correction.mismatch_metrics` when it is off; with the
+    correction's :func:`~turnstile.learner.correction.summary`. In decoupled mode the learner
+    measures them once per step, before the update.
     """
     from verl.workers.utils.losses import ppo_loss
+
+    from turnstile.learner.correction import mismatch_metrics, summary
 
     loss, metrics = ppo_loss(config, model_output, data, dp_group)
     log_prob = no_padding_2_padding(model_output["log_probs"], data).detach()
     fields = data.select("response_mask", "old_log_probs").to_padded_tensor()
+    if bypass:
+        measured = {key: metric.aggregate() if isinstance(metric, Metric) else metric
+                    for key, metric in metrics.items() if key.startswith("rollout_corr/")}
+        measured = measured or mismatch_metrics(log_prob, fields["old_log_probs"], fields["response_mask"])
+        for key, value in {**measured, **summary(measured)}.items():
+            metrics[key] = Metric(value=float(value), aggregation=AggregationType.MAX if key.endswith("max")
+                                  else AggregationType.MEAN)
     ratio = importance_ratios(log_prob, fields["old_log_probs"], fields["response_mask"],
                               per_sequence=config.policy_loss.get("loss_mode") == "gspo")
     if ratio.numel():

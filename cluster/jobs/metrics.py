@@ -458,6 +458,14 @@ def render(metrics: Mapping[str, float], step: int) -> str:
         learner.append(f"ratio {show('learner/mismatch/ratio_mean', '.3f')} (max "
                        f"{show('learner/mismatch/ratio_max', '.3g')}, clipped "
                        f"{show('learner/mismatch/clipped', '.1f', 100, '%')})")
+    if "learner/rollout_corr/kl" in metrics:  # veRL's KL(engine || learner) per token, and its k3 estimate
+        learner.append(f"mismatch kl {show('learner/rollout_corr/kl', '.2g')} (k3 "
+                       f"{show('learner/rollout_corr/k3_kl', '.2g')})")
+    if "learner/correction/is_weight_mean" in metrics or "learner/correction/masked" in metrics:
+        learner.append(f"IS weight {show('learner/correction/is_weight_mean', '.3f')} (max "
+                       f"{show('learner/correction/is_weight_max', '.3g')}, truncated "
+                       f"{show('learner/correction/truncated', '.1f', 100, '%')}, masked "
+                       f"{show('learner/correction/masked', '.1f', 100, '%')})")
     if "learner/downsample_dropped" in metrics:
         learner.append(f"downsampled -{show('learner/downsample_dropped', '.0f')}")
     if learner:

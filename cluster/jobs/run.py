@@ -29,6 +29,7 @@ from turnstile.envs.datasets.registry import DatasetConfig
 from turnstile.envs.files import atomic_write
 from turnstile.envs.plugins import PluginSpec
 from turnstile.envs.tasks import Task
+from turnstile.learner.correction import guard_message
 from turnstile.learner.credit import estimator_class, estimator_from_options
 from turnstile.learner.credit.assign import assign_credit
 from turnstile.learner.credit.registry import Estimator
@@ -37,7 +38,7 @@ from turnstile.learner.trainer import Learner, LearnerConfig
 from turnstile.rewards.apply import score_groups
 from turnstile.rewards.base import resolve_reward, reward_options
 from turnstile.rewards.service import RewardServiceConfig
-from turnstile.rollout.engines.registry import can_probe
+from turnstile.rollout.engines.registry import can_probe, gives_logprobs
 from turnstile.rollout.faults import VERDICT_KEY
 from turnstile.rollout.model_store import RUN_MODEL
 from turnstile.rollout.store import StoreConfig, check_durability
@@ -123,6 +124,10 @@ def check(job: TrainJob) -> None:
     for spec in job.rewards:
         reward_options(spec)
     placed_rewards(job)  # a reward that must measure on engines that cannot be probed (RewardError)
+    if job.learner.rollout_correction.active and not gives_logprobs(job.rollout.engine):
+        raise TrainError(f"learner.rollout_correction weighs the engines' log-probs against the learner's, and "
+                         f"rollout.engine.kind={job.rollout.engine.kind} returns no log-probs of its policy: use "
+                         f"a vllm or hf engine, or leave rollout_is and rollout_rs empty")
     check_durability(job.store)  # a Redis that would lose acknowledged items (StoreError)
 
 
@@ -228,6 +233,7 @@ class Run:
         self.name = name  # the prefix of the run's actor names
         self.store_config = store_config or self.job.store  # this driver's namespace in the store
         self.archive: WeightsArchive | None = None
+        self.mismatch_warned = False  # the mismatch guard warns once a run
 
     def resume_if_asked(self) -> None:
         if not (self.job.resume and (self.out / "checkpoint" / "learner.json").is_file()):
@@ -286,6 +292,7 @@ class Run:
             else None
         trained = time.monotonic()
         if report is not None and report.trained:
+            self.guard_mismatch(report.metrics, state.step + 1)
             version = state.weights_version + 1
             self.console.stage("publish")
             asyncio.run(self.publish(version))
@@ -314,6 +321,21 @@ class Run:
             self.learner.save(self.out / "checkpoint")
             self.save_model()
             _save_state(self.out, state)
+
+    def guard_mismatch(self, metrics: dict[str, float], step: int) -> None:
+        """The mismatch guard (:func:`turnstile.learner.correction.guard_message`): a step whose
+        engine/learner KL passes ``learner.rollout_correction.max_kl`` warns once a run, or, with
+        ``on_excess: stop``, ends the run before its update is published (the last checkpoint stays
+        the previous step's)."""
+        correction = self.job.learner.rollout_correction
+        message = guard_message(metrics, correction, step)
+        if message is None:
+            return
+        if correction.on_excess == "stop":
+            raise TrainError(f"{message} (stopped: learner.rollout_correction.on_excess=stop)")
+        if not self.mismatch_warned:
+            self.mismatch_warned = True
+            print(f"warning: {message} (said once a run)")
 
     def save_model(self) -> None:
         """The policy as a Hugging Face model directory, ``OUT/model`` (replaced whole at each

@@ -78,13 +78,16 @@ async def async_loop(run: Run) -> None:
             if learning is None and len(ready) >= job.tasks_per_step:
                 groups, ready[:] = ready[:job.tasks_per_step], ready[job.tasks_per_step:]
                 trajectories = [t for group in groups for t in group]
-                wall = time.monotonic() - last_step_at
+                # The step's wall time is the run's time since the previous update started (the
+                # update, its publish and evaluation, and the wait for this batch): throughput per
+                # second of the run, as rollout never stops for the learner.
+                started = time.monotonic()
+                wall, last_step_at = started - last_step_at, started
                 learning = asyncio.ensure_future(asyncio.to_thread(run.learn, trajectories, wall))
             if learning is not None and learning.done():
                 learning.result()
                 learning = None
                 run.console.stage("rollout")
-                last_step_at = time.monotonic()
                 run.set_queue_depths({"running": len(episodes.running), "ready_groups": len(ready),
                                       "buffered": rewards.collector.buffered})
             await asyncio.sleep(0.05)

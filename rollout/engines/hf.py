@@ -104,6 +104,7 @@ class HFEngine:
     """
 
     probes: ClassVar[bool] = True  # information gain can be measured on it during rollout
+    logprobs: ClassVar[bool] = True  # its log-probs are the sampling policy's (rollout correction)
 
     def __init__(self, model: PreTrainedModel, config: EngineConfig) -> None:
         self._model: PreTrainedModel | None = model.eval()

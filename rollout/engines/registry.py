@@ -24,8 +24,9 @@ class EngineClass(Protocol):
     raising ValueError when it cannot serve some of them (a scripted policy's unknown questions);
     drivers call it through :func:`check_engine_tasks` before starting any actor. It may define
     ``weight_sync(config) -> (mode, directory)``, how the driver publishes new weights to it
-    (:func:`weight_sync`), and ``probes = True`` when its ``probe`` measures information gain
-    during rollout (:func:`can_probe`)."""
+    (:func:`weight_sync`), ``probes = True`` when its ``probe`` measures information gain
+    during rollout (:func:`can_probe`), and ``logprobs = True`` when the log-probs it returns are
+    those of the policy that sampled (:func:`gives_logprobs`)."""
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> PolicyEngine: ...
@@ -63,6 +64,13 @@ def can_probe(config: EngineConfig) -> bool:
     """Whether the configured engine can measure information gain while episodes run
     (:mod:`turnstile.rollout.probes`): its class says ``probes = True`` (vllm, hf; not scripted)."""
     return bool(getattr(resolve_engine(config.kind), "probes", False))
+
+
+def gives_logprobs(config: EngineConfig) -> bool:
+    """Whether the configured engine's log-probs are the sampling policy's, which the learner's
+    rollout correction weighs against its own: its class says ``logprobs = True`` (vllm, hf; not
+    scripted, whose log-probs are made up, nor openai, which returns none)."""
+    return bool(getattr(resolve_engine(config.kind), "logprobs", False))
 
 
 def build_engine(config: EngineConfig) -> PolicyEngine:

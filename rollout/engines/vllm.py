@@ -88,6 +88,7 @@ class VllmEngine:
     """A :class:`~turnstile.rollout.engines.base.PolicyEngine` backed by one vLLM ``AsyncLLM``."""
 
     probes: ClassVar[bool] = True  # information gain can be measured on it during rollout
+    logprobs: ClassVar[bool] = True  # its log-probs are the sampling policy's (rollout correction)
 
     def __init__(self, config: EngineConfig) -> None:
         if config.vllm.weight_sync not in WEIGHT_SYNC_MODES:
