@@ -247,10 +247,22 @@ def run_summary(out: Path) -> dict[str, object]:
             "environment": {int(row["step"]): [row.get("rollout/environment_decided", 0.0),
                                                row.get("rollout/environment_left_out", 0.0)]
                             for row in data["history"] if "reward/mean" in row},
+            # per training step, the off-policy gap the learner saw and how fast the run went
+            # (``rollout_corr/*``: veRL's estimates of KL(engine || learner) on the step's tokens)
+            "offpolicy": {int(row["step"]): {name: row[key] for name, key in OFFPOLICY_FIELDS.items() if key in row}
+                          for row in data["history"] if row.get("learner/trained")},
             "wall_s": _previous_wall(out)}
 
 
-STEP_FIELDS = ("evals", "format", "uniform", "all_wrong", "hops", "environment", "turns_by_step")  # keyed by step
+OFFPOLICY_FIELDS = {"kl": "learner/rollout_corr/kl", "k3_kl": "learner/rollout_corr/k3_kl",
+                    "ratio_max": "learner/mismatch/ratio_max", "clipped": "learner/mismatch/clipped",
+                    "is_weight_max": "learner/correction/is_weight_max",
+                    "truncated": "learner/correction/truncated", "staleness": "staleness/mean",
+                    "tokens_per_s": "throughput/tokens_per_s", "step_s": "time/step_s"}
+
+
+# keyed by step
+STEP_FIELDS = ("evals", "format", "uniform", "all_wrong", "hops", "environment", "turns_by_step", "offpolicy")
 
 
 def load_record(record: Path) -> dict[str, dict[int, dict[str, object]]]:
@@ -274,10 +286,11 @@ def report(root: Path, doc: Path | None, record: Path) -> dict[str, dict[str, An
     record.write_text(json.dumps({arm: {str(seed): run for seed, run in sorted(seeds.items())}
                                   for arm, seeds in summaries.items()}, indent=1) + "\n")
     results = {arm: {"label": ARMS[arm][0], "seeds": summaries[arm]} for arm in ARMS if summaries.get(arm)}
-    onehop = {arm: entry for arm, entry in results.items() if arm not in MULTIHOP_ARMS}
+    onehop = {arm: entry for arm, entry in results.items() if arm not in (*MULTIHOP_ARMS, *OFFPOLICY_ARMS)}
     multihop = {arm: entry for arm, entry in results.items() if arm in MULTIHOP_ARMS}
-    lines, multihop_lines = table(onehop), multihop_table(multihop)
-    print("\n".join([*lines, "", *multihop_lines]))
+    offpolicy = {arm: entry for arm, entry in results.items() if arm in OFFPOLICY_ARMS}
+    lines, multihop_lines, offpolicy_lines = table(onehop), multihop_table(multihop), offpolicy_table(offpolicy)
+    print("\n".join([*lines, "", *multihop_lines, "", *offpolicy_lines]))
     if doc is not None:
         plot(onehop, doc.with_suffix(".png"), "the ablations in miniature")
         text = doc.read_text() if doc.is_file() else "# Learning\n"
@@ -289,6 +302,8 @@ def report(root: Path, doc: Path | None, record: Path) -> dict[str, dict[str, An
                 plot_detail(compared, doc.with_name(doc.stem + "-multihop-arms.png"),
                             "two- and three-hop questions, learning rate 3e-5")
             text = _replace_between(text, "<!-- multihop-table -->", multihop_lines)
+        if offpolicy:
+            text = _replace_between(text, "<!-- offpolicy-table -->", offpolicy_lines)
         doc.write_text(text)
     return results
 
@@ -393,6 +408,54 @@ def multihop_table(results: dict[str, dict[str, Any]]) -> list[str]:
                      f"{_by_hops(runs, first=True)} | {_by_hops(runs, first=False)} | {versus} | "
                      f"{_mean_std(all_wrong)} | {_mean_std(uniform)} | "
                      f"{statistics.fmean(r['turns'] for r in runs):.1f} | "
+                     f"{statistics.fmean(r['wall_s'] for r in runs) / 60:.1f} |")
+    return lines
+
+
+def _step_mean(steps: list[dict[str, float]], name: str, scale: float = 1.0, fmt: str = ".2g") -> str:
+    values = [step[name] for step in steps if name in step]
+    return format(statistics.fmean(values) * scale, fmt) if values else "-"
+
+
+def _run_rate(runs: list[dict[str, Any]]) -> str:
+    """Generated training tokens per second of the whole run, mean over seeds."""
+    rates = [sum(step["tokens_per_s"] * step["step_s"] for step in r["offpolicy"].values()) / r["wall_s"]
+             for r in runs if r.get("offpolicy") and r.get("wall_s")]
+    return f"{statistics.fmean(rates):.0f}" if rates else "-"
+
+
+def offpolicy_table(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The off-policy arms: held-out accuracy before and after with the change's 95% t interval over
+    seeds, the after's difference from sync fp32 (95% Welch), and per training step (mean over
+    steps and seeds, max for maxima) veRL's mismatch KL (k1, k3), the largest importance ratio, the
+    share of tokens the correction truncated, the staleness, and the tokens the policy generated
+    for training per second of the whole run (startup and evaluations included, the same measure
+    for sync and async) with the wall time per run."""
+    lines = ["| arm | seeds | held-out % before | after | change (points, 95% t) | vs sync fp32 after "
+             "(points, 95% Welch) | mismatch KL k1 / k3 | ratio max | truncated % | staleness | "
+             "generated tokens/s of run | wall per run (min) |", "|---" * 12 + "|"]
+    finals = {arm: [r["evals"][max(r["evals"])] for r in entry["seeds"].values()] for arm, entry in results.items()}
+    for arm, entry in results.items():
+        runs = list(entry["seeds"].values())
+        before = [r["evals"][0] for r in runs]
+        change = [after - first for first, after in zip(before, finals[arm], strict=True)]
+        interval = "-"
+        if len(change) >= 2:
+            half = t_quantile(0.975, len(change) - 1) * statistics.stdev(change) / math.sqrt(len(change))
+            mean = statistics.fmean(change)
+            interval = f"{mean * 100:+.1f} [{(mean - half) * 100:+.1f}, {(mean + half) * 100:+.1f}]"
+        versus = "-"
+        base = finals.get("op_sync_fp32", [])
+        if arm != "op_sync_fp32" and len(base) >= 2 and len(finals[arm]) >= 2:
+            difference, low, high = welch_interval(finals[arm], base)
+            versus = f"{difference * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]"
+        steps = [step for r in runs for step in r.get("offpolicy", {}).values()]
+        ratio_max = [step["ratio_max"] for step in steps if "ratio_max" in step]
+        lines.append(f"| {arm}: {entry['label']} | {len(runs)} | {_mean_std(before)} | {_mean_std(finals[arm])} | "
+                     f"{interval} | {versus} | {_step_mean(steps, 'kl')} / {_step_mean(steps, 'k3_kl')} | "
+                     f"{format(max(ratio_max), '.2f') if ratio_max else '-'} | "
+                     f"{_step_mean(steps, 'truncated', 100, '.3f')} | {_step_mean(steps, 'staleness', 1, '.2f')} | "
+                     f"{_run_rate(runs)} | "
                      f"{statistics.fmean(r['wall_s'] for r in runs) / 60:.1f} |")
     return lines
 

@@ -72,37 +72,36 @@ class CorrectionConfig:
     on_excess: str = "warn"  # ... warns once (warn) or ends the run (stop)
 
     def __post_init__(self) -> None:
-        where = "learner.rollout_correction"
+        # (the config loader names the section: "learner.rollout_correction: rollout_is=...")
         if self.rollout_is is not None and self.rollout_is not in IS_LEVELS:
-            raise CorrectionError(f"{where}.rollout_is={self.rollout_is!r} is not one of {', '.join(IS_LEVELS)} "
+            raise CorrectionError(f"rollout_is={self.rollout_is!r} is not one of {', '.join(IS_LEVELS)} "
                                   "(or empty: no importance weights)")
-        if self.rollout_is is not None:
-            lower, upper = self.is_bounds()
-            if lower is None and upper < 1:
-                raise CorrectionError(f"{where}.rollout_is_threshold={self.rollout_is_threshold} is below 1: TIS "
-                                      "truncates every weight above it, so even tokens the engine and the learner "
-                                      "agree on (weight 1) would be scaled down; use a bound above 1 (veRL's "
-                                      "guide: 1.5-5 per token, 2-10 per sequence)")
-            if lower is not None and not lower <= 1 <= upper:
-                raise CorrectionError(f"{where}.rollout_is_threshold={self.rollout_is_threshold!r}: IcePop keeps "
-                                      "weights between the two bounds, which must enclose 1 (e.g. '0.5_2.0')")
+        lower, upper = self.is_bounds()  # checked when unused too: a typo there is a typo
+        if lower is None and upper < 1:
+            raise CorrectionError(f"rollout_is_threshold={self.rollout_is_threshold} is below 1: TIS "
+                                  "truncates every weight above it, so even tokens the engine and the learner "
+                                  "agree on (weight 1) would be scaled down; use a bound above 1 (veRL's "
+                                  "guide: 1.5-5 per token, 2-10 per sequence)")
+        if lower is not None and not lower <= 1 <= upper:
+            raise CorrectionError(f"rollout_is_threshold={self.rollout_is_threshold!r}: IcePop keeps "
+                                  "weights between the two bounds, which must enclose 1 (e.g. '0.5_2.0')")
         options = self.rs_options()
         unknown = [o for o in options if o not in VERL_RS_OPTIONS + TURN_RS_OPTIONS]
         if unknown:
-            raise CorrectionError(f"{where}.rollout_rs: {unknown[0]!r} is not one of "
+            raise CorrectionError(f"rollout_rs: {unknown[0]!r} is not one of "
                                   f"{', '.join(VERL_RS_OPTIONS + TURN_RS_OPTIONS)}")
         if options and len({o.startswith("turn_") for o in options}) > 1:
-            raise CorrectionError(f"{where}.rollout_rs={self.rollout_rs!r} mixes turn-level options with others: "
+            raise CorrectionError(f"rollout_rs={self.rollout_rs!r} mixes turn-level options with others: "
                                   "choose one level")
         if options and self.rollout_rs_threshold is None:
-            raise CorrectionError(f"{where}.rollout_rs={self.rollout_rs!r} needs rollout_rs_threshold (a bound "
+            raise CorrectionError(f"rollout_rs={self.rollout_rs!r} needs rollout_rs_threshold (a bound "
                                   "per option, comma-separated; 'lower_upper' ratios for *_k1)")
         if self.loss_type not in LOSS_TYPES:
-            raise CorrectionError(f"{where}.loss_type={self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
+            raise CorrectionError(f"loss_type={self.loss_type!r} is not one of {', '.join(LOSS_TYPES)}")
         if self.on_excess not in ON_EXCESS:
-            raise CorrectionError(f"{where}.on_excess={self.on_excess!r} is not one of {', '.join(ON_EXCESS)}")
+            raise CorrectionError(f"on_excess={self.on_excess!r} is not one of {', '.join(ON_EXCESS)}")
         if not (math.isfinite(self.max_kl) and self.max_kl > 0):
-            raise CorrectionError(f"{where}.max_kl={self.max_kl} must be a number > 0")
+            raise CorrectionError(f"max_kl={self.max_kl} must be a number > 0")
 
     @property
     def active(self) -> bool:
@@ -118,7 +117,7 @@ class CorrectionConfig:
                 return float(low), float(high)
             return None, float(spec)
         except ValueError:
-            raise CorrectionError(f"learner.rollout_correction.rollout_is_threshold={spec!r} is neither a number "
+            raise CorrectionError(f"rollout_is_threshold={spec!r} is neither a number "
                                   "(TIS) nor 'lower_upper' (IcePop)") from None
 
     def rs_options(self) -> list[str]:
@@ -130,10 +129,10 @@ class CorrectionConfig:
             return
         fix = "set learner.recompute_old_log_probs=true (decoupled mode)"
         if loss != "vanilla":
-            raise CorrectionError(f"learner.rollout_correction with learner.loss={loss} needs the proximal log-probs: "
+            raise CorrectionError(f"rollout_correction with loss={loss} needs the proximal log-probs: "
                                   f"veRL's bypass mode has PPO-clip and REINFORCE losses only; {fix}")
         if self.rollout_is == "turn" or any(o.startswith("turn_") for o in self.rs_options()):
-            raise CorrectionError(f"learner.rollout_correction: turn-level weights or masks are computed once per step "
+            raise CorrectionError(f"rollout_correction: turn-level weights or masks are computed once per step "
                                   f"against the proximal policy; {fix}")
 
     def verl(self) -> dict[str, Any]:

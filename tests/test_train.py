@@ -165,6 +165,26 @@ def test_command_rejects_unknown_keys(capsys: pytest.CaptureFixture[str]) -> Non
     assert done.value.code == 2 and "lr_typo" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("override", "says"), [
+    ("learner.rollout_correction.rollout_is=tokens", "learner.rollout_correction.rollout_is='tokens' is not one of"),
+    ("learner.rollout_correction.rollout_is_threshold=0.5", "learner.rollout_correction.rollout_is_threshold=0.5 is below 1"),
+    ("learner.rollout_correction.rollout_is=turn", "learner: rollout_correction: turn-level weights"),
+])
+def test_a_bad_correction_setting_is_one_line_naming_the_key(capsys: pytest.CaptureFixture[str], override: str,
+                                                             says: str) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["train", "--config", str(EXAMPLE), override])
+    out = capsys.readouterr().out
+    assert done.value.code == 2 and says in out and len(out.strip().splitlines()) == 1
+
+
+def test_a_correction_needs_engines_that_give_log_probs() -> None:
+    job = load_config(TrainJob, EXAMPLE, ["rollout.engine.kind=scripted", "learner.recompute_old_log_probs=true",
+                                          "learner.rollout_correction.rollout_is=token"])
+    with pytest.raises(TrainError, match="rollout.engine.kind=scripted returns no log-probs"):
+        check(job)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("store", ["memory", "redis"])
 def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str, tmp_path: Path,
@@ -197,6 +217,13 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
         assert all(turn.ig_value is not None and turn.ig_version == generating for turn in t.turns)
     assert sorted(p.name for p in (tmp_path / "weights").iterdir() if p.name.startswith("v")) == ["v1", "v2", "v3"]
     assert "step 3 | reward" in capsys.readouterr().out
+    # Throughput is per second of the run: a step's wall time runs from the previous update's start,
+    # so it covers that update (not the moment this step's ready batch waited).
+    for before, after in zip(history, history[1:]):
+        assert after["time/step_s"] >= before["time/credit_s"] + before["time/learner_s"] + before["time/publish_s"]
+    for metrics, batch in zip(history, trained_on):
+        turns = sum(len(t.turns) for t in batch)
+        assert metrics["throughput/turns_per_s"] * metrics["time/step_s"] == pytest.approx(turns)
 
 
 @pytest.mark.integration
