@@ -107,7 +107,13 @@ def gap(engine: list[float], learner: list[float], mask: list[int], turns: list[
         log_ratio = -diff
         ratio = log_ratio.exp()
         quantiles = torch.quantile(ratio, torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
+        # the same gap on the tokens the learner is unsure of (p < 0.9): the gap of a token grows
+        # with its distribution's spread, so this separates position from confidence
+        unsure = keep & (lp < math.log(0.9))
+        unsure_ratio = (lp - e)[unsure].exp()
         rows.append({"turns": f"{low}-{high - 1}" if (low, high) in BINS else "all", "tokens": int(keep.sum()),
+                     "learner_mean": lp[keep].mean().item(), "unsure": int(unsure.sum()),
+                     "k3_unsure": (unsure_ratio - 1 - unsure_ratio.log()).mean().item() if unsure.any() else None,
                      "positions": [int(position[keep].min()), int(position[keep].max())],
                      "diff_mean": diff.mean().item(), "diff_abs_mean": diff.abs().mean().item(),
                      "diff_abs_max": diff.abs().max().item(), "k1": diff.mean().item(),
@@ -118,16 +124,20 @@ def gap(engine: list[float], learner: list[float], mask: list[int], turns: list[
 
 
 def report(rows: list[dict[str, object]]) -> str:
-    lines = ["| engine | turns | response positions | policy tokens | mean e - l | mean abs | max abs | k1 | k3 | "
-             "ratio p0.1% | p50 | p99.9% | min | max |", "|---" * 14 + "|"]
+    lines = ["| engine | turns | response positions | policy tokens | learner's mean log-prob | mean e - l | "
+             "mean abs | max abs | k1 | k3 | ratio p0.1% | p50 | p99.9% | min | max | tokens p < 0.9 | k3 on them |",
+             "|---" * 17 + "|"]
     for row in rows:
         for b in row["bins"]:  # type: ignore[attr-defined]
             lines.append(f"| {row['engine']} {row['dtype']} | {b['turns']} | "
-                         f"{b['positions'][0]:,}-{b['positions'][1]:,} | {b['tokens']:,} | {b['diff_mean']:.2e} | "
+                         f"{b['positions'][0]:,}-{b['positions'][1]:,} | {b['tokens']:,} | "
+                         + (f"{b['learner_mean']:.3f}" if "learner_mean" in b else "-")
+                         + f" | {b['diff_mean']:.2e} | "
                          f"{b['diff_abs_mean']:.2e} | "
                          f"{b['diff_abs_max']:.3f} | {b['k1']:.2e} | {b['k3']:.2e} | {b['ratio_p001']:.4f} | "
                          f"{b['ratio_p50']:.4f} | {b['ratio_p999']:.4f} | {b['ratio_min']:.3f} | "
-                         f"{b['ratio_max']:.3f} |")
+                         f"{b['ratio_max']:.3f} | {b.get('unsure', '-')} | "
+                         + (f"{b['k3_unsure']:.2e} |" if b.get("k3_unsure") is not None else "- |"))
     return "\n".join(lines)
 
 

@@ -6,7 +6,7 @@ mode) is not the policy the learner computes: the *behaviour* log-probs each tur
 the gap with importance weights π_learner / π_engine, truncated at a bound (TIS) or zeroed outside
 two bounds (IcePop), and with rejection masks that drop tokens or whole sequences whose divergence
 passes a bound. This module hands turnstile's padded batch to those functions; it computes no
-weight or mask of its own. docs/algorithms.md §7 has the equations.
+weight or mask of its own. docs/algorithms.md §12 has the equations.
 
 Two modes, as veRL names them:
 
@@ -15,7 +15,7 @@ Two modes, as veRL names them:
   to veRL's loss as ``rollout_is_weights`` and the rejection mask replaces ``response_mask``
   (so masked tokens also leave the token count the loss is averaged over, as in veRL's trainer).
 - **bypass** (the behaviour log-probs are PPO's old policy): veRL's ``bypass_mode`` loss computes
-  the mask inside the loss against the current policy (:func:`bypass_policy_loss`); with its
+  the mask inside the loss against the current policy; with its
   ``ppo_clip`` loss the clipped ratio is the correction and the weights are metrics only.
 
 What veRL cannot take is turnstile's *turn*: a sample is a whole segment of up to hundreds of turns,
