@@ -36,7 +36,6 @@ import math
 from pathlib import Path
 
 import torch
-from learner_long import MAX_LENGTH, length, long_samples  # benchmarks/, on the path of a script run from there
 
 from turnstile.learner.batch import Sample
 
@@ -61,7 +60,8 @@ def engine_log_probs(kind: str, dtype: str, model: str, sample: Sample) -> list[
     from turnstile.rollout.engines.config import EngineConfig
     from turnstile.rollout.engines.registry import build_engine
 
-    engine = build_engine(EngineConfig(kind=kind, model=model, dtype=dtype, max_model_len=length(sample) + 16))
+    length = len(sample.prompt_ids) + len(sample.response_ids)
+    engine = build_engine(EngineConfig(kind=kind, model=model, dtype=dtype, max_model_len=length + 16))
 
     async def score() -> list[float]:
         start = getattr(engine, "start", None)
@@ -78,6 +78,7 @@ def engine_log_probs(kind: str, dtype: str, model: str, sample: Sample) -> list[
 
 def learner_log_probs(model: str, sample: Sample) -> list[float]:
     import ray
+    from learner_long import MAX_LENGTH  # benchmarks/, on the path of a script run from there
 
     from turnstile.cluster.jobs.session import RayConfig, init_ray
     from turnstile.learner.trainer import Learner, LearnerConfig
@@ -153,6 +154,8 @@ def main() -> None:
     out = Path(args.out)
     rows = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
     if not args.report_only:
+        from learner_long import length, long_samples
+
         from turnstile.rollout.model_store import resolve_model
 
         model = resolve_model(args.model)

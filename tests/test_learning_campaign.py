@@ -108,3 +108,24 @@ def test_the_comparison_is_drawn_per_step_over_the_steps_every_seed_has(tmp_path
     results = learning.report(tmp_path / "empty", doc, record)
     assert results["mh_grpo_lr3e5"]["seeds"][1]["turns_by_step"] == {1: 5.0, 2: 4.5}  # steps back as ints
     assert (tmp_path / "learning-multihop-arms.png").stat().st_size > 10_000
+
+
+def test_the_offpolicy_arms_get_their_table_with_the_gap_and_the_rate_of_the_run(tmp_path: Path) -> None:
+    def run(before: float, after: float, kl: float, ratio_max: float) -> dict[str, object]:
+        steps = {str(step): {"kl": kl, "k3_kl": kl / 2, "ratio_max": ratio_max, "staleness": 0.5,
+                             "tokens_per_s": 100.0, "step_s": 30.0} for step in (1, 2)}
+        return {**summary(before, after), "offpolicy": steps}
+
+    record = tmp_path / "runs.json"
+    record.write_text(json.dumps({
+        "op_sync_fp32": {"0": run(0.10, 0.30, 0.0, 1.0), "1": run(0.20, 0.30, 0.0, 1.0)},
+        "op_async": {"0": run(0.10, 0.40, 0.002, 3.0), "1": run(0.20, 0.40, 0.004, 2.0)}}))
+    results = learning.report(tmp_path / "empty", None, record)
+    assert not learning.table({arm: entry for arm, entry in results.items() if arm not in learning.OFFPOLICY_ARMS})[2:]
+    rows = learning.offpolicy_table(results)
+    fp32, stale = (next(r for r in rows if r.startswith(f"| {arm}:")) for arm in ("op_sync_fp32", "op_async"))
+    # change +20 and +10 points: mean 15, t(0.975, 1) = 12.706, half-width 12.706 * 7.07 / sqrt(2) = 63.5
+    assert "+15.0 [-48.5, +78.5]" in fp32
+    assert "| +10.0 [+10.0, +10.0] |" in stale  # after 40 vs 30, neither varies
+    assert "| 0.003 / 0.0015 | 3.00 |" in stale  # KL mean over steps and seeds, ratio max the max
+    assert "| 10 | 10.0 |" in stale  # 2 steps x 100 tokens/s x 30 s over a 600 s run, 10 minutes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from pathlib import Path
@@ -167,7 +168,8 @@ def test_command_rejects_unknown_keys(capsys: pytest.CaptureFixture[str]) -> Non
 
 @pytest.mark.parametrize(("override", "says"), [
     ("learner.rollout_correction.rollout_is=tokens", "learner.rollout_correction.rollout_is='tokens' is not one of"),
-    ("learner.rollout_correction.rollout_is_threshold=0.5", "learner.rollout_correction.rollout_is_threshold=0.5 is below 1"),
+    ("learner.rollout_correction.rollout_is_threshold=0.5",
+     "learner.rollout_correction.rollout_is_threshold=0.5 is below 1"),
     ("learner.rollout_correction.rollout_is=turn", "learner: rollout_correction: turn-level weights"),
 ])
 def test_a_bad_correction_setting_is_one_line_naming_the_key(capsys: pytest.CaptureFixture[str], override: str,
@@ -181,7 +183,7 @@ def test_a_bad_correction_setting_is_one_line_naming_the_key(capsys: pytest.Capt
 def test_a_correction_needs_engines_that_give_log_probs() -> None:
     job = load_config(TrainJob, EXAMPLE, ["rollout.engine.kind=scripted", "learner.recompute_old_log_probs=true",
                                           "learner.rollout_correction.rollout_is=token"])
-    with pytest.raises(TrainError, match="rollout.engine.kind=scripted returns no log-probs"):
+    with pytest.raises(TrainError, match=r"rollout\.engine\.kind=scripted returns no log-probs"):
         check(job)
 
 
@@ -219,9 +221,9 @@ def test_async_mode_bounds_staleness_and_trains(ray_local: None, redis_url: str,
     assert "step 3 | reward" in capsys.readouterr().out
     # Throughput is per second of the run: a step's wall time runs from the previous update's start,
     # so it covers that update (not the moment this step's ready batch waited).
-    for before, after in zip(history, history[1:]):
+    for before, after in itertools.pairwise(history):
         assert after["time/step_s"] >= before["time/credit_s"] + before["time/learner_s"] + before["time/publish_s"]
-    for metrics, batch in zip(history, trained_on):
+    for metrics, batch in zip(history, trained_on, strict=True):
         turns = sum(len(t.turns) for t in batch)
         assert metrics["throughput/turns_per_s"] * metrics["time/step_s"] == pytest.approx(turns)
 
