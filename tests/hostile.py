@@ -6,14 +6,18 @@ It is the scripted expert, except that the second turn of every sample-0 episode
 unclosed call); the expert then carries on from the corrective observation.
 :class:`FailsThenHostileEngine` also fails the first turn of every sample-0 episode and writes the
 hostile turn in sample 1 instead; :class:`FailingEngine` fails every request.
+:class:`PerturbedEngine` is an hf engine serving weights other than the learner's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from turnstile.rollout.engines.base import FINISH_STOP, Generation, SamplingParams
 from turnstile.rollout.engines.config import EngineConfig
+from turnstile.rollout.engines.hf import HFEngine
 from turnstile.rollout.engines.scripted import ScriptedEngine
 
 
@@ -71,3 +75,30 @@ class UnstartableEngine(ScriptedEngine):
 
     async def start(self) -> None:
         raise RuntimeError("this engine cannot start (tests.hostile:UnstartableEngine)")
+
+
+class PerturbedEngine(HFEngine):
+    """The hf engine with every weight matrix off by Gaussian noise of :attr:`SCALE` times its
+    standard deviation, at load and after every update: engines serving other weights than the
+    learner's (a publish gone wrong), the mismatch the guard is for (``engine.kind=tests.hostile:PerturbedEngine``)."""
+
+    SCALE = 0.5
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> PerturbedEngine:
+        engine = super().from_config(config)
+        assert isinstance(engine, PerturbedEngine)
+        engine._perturb()
+        return engine
+
+    def _update_weights_now(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        super()._update_weights_now(version, weights)
+        self._perturb()
+
+    def _perturb(self) -> None:
+        generator = torch.Generator().manual_seed(0)
+        with self._model_lock, torch.no_grad():
+            for parameter in self._open_model().parameters():
+                if parameter.dim() == 2:
+                    noise = torch.randn(parameter.shape, generator=generator)
+                    parameter.add_(noise * parameter.float().std() * self.SCALE)

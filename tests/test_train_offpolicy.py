@@ -1,6 +1,6 @@
-"""turnstile train with bfloat16 engines and an fp32 learner: the gap is measured every step,
-corrected through veRL's rollout correction, and guarded (a warning once a run, or a stop before the
-update is published)."""
+"""turnstile train with bfloat16 engines and an fp32 learner: the gap is measured every step and
+corrected through veRL's rollout correction; engines serving other weights trip the guard (a
+warning once a run, or a stop before the update is published)."""
 
 from __future__ import annotations
 
@@ -42,13 +42,17 @@ def test_bf16_engines_are_measured_corrected_and_the_guard_warns_once(
 
 @pytest.mark.integration
 @pytest.mark.timeout(900)
-def test_bypass_mode_is_guarded_and_a_stop_publishes_nothing(ray_local: None, tmp_path: Path) -> None:
-    # Bypass mode (the engines' log-probs are the old policy) with token rejection; the guard stops.
-    job = load_config(TrainJob, EXAMPLE, [*BF16, f"out={tmp_path}", "learner.rollout_correction.rollout_rs=token_k3",
-                                          "learner.rollout_correction.rollout_rs_threshold=0.01",
-                                          "learner.rollout_correction.max_kl=1e-12",
+def test_engines_serving_other_weights_stop_the_run_at_the_default_bound(ray_local: None, tmp_path: Path) -> None:
+    # The injected mismatch: engines whose weights are off by noise (tests.hostile.PerturbedEngine),
+    # bypass mode with token-k3 rejection, veRL's default bound (max_kl 0.1) and on_excess=stop.
+    job = load_config(TrainJob, EXAMPLE, [*SMALL, "steps=2", "eval_every=0", f"out={tmp_path}",
+                                          "rollout.engine.kind=tests.hostile:PerturbedEngine",
+                                          "learner.rollout_correction.rollout_rs=token_k3",
+                                          "learner.rollout_correction.rollout_rs_threshold=10",
                                           "learner.rollout_correction.on_excess=stop"])
-    with pytest.raises(TrainError, match=r"step 1: the engines' log-probs differ .* \(stopped: "
+    with pytest.raises(TrainError, match=r"step 1: the engines' log-probs differ from the learner's by KL "
+                                         r"[0-9.e+-]+ per token .* above learner.rollout_correction.max_kl=0.1; "
+                                         r"the correction is on .* \(stopped: "
                                          r"learner.rollout_correction.on_excess=stop\)"):
         run_train(job, progress=False)
     assert not [p for p in (tmp_path / "weights").glob("v*")]  # the update was never published
