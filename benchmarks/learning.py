@@ -222,7 +222,9 @@ def run_summary(out: Path) -> dict[str, object]:
     final = load_trajectories(out / "eval" / f"step{last}.jsonl")
     right = [t for t in final if is_correct(t)]
     wrong = [t for t in final if not is_correct(t)]
-    by_step = {int(path.stem[4:]): load_trajectories(path) for path in sorted((out / "rollouts").glob("step*.jsonl"))}
+    # (an async run writes no rollouts/: its scored/step<k>.jsonl holds the same batch, scored)
+    batches = sorted((out / "rollouts").glob("step*.jsonl")) or sorted((out / "scored").glob("step*.jsonl"))
+    by_step = {int(path.stem[4:]): load_trajectories(path) for path in batches}
     trained = [t for batch in by_step.values() for t in batch]
     return {"evals": evals, "browse_correct": browse_ratio(right) if right else None,
             "browse_wrong": browse_ratio(wrong) if wrong else None,

@@ -125,12 +125,12 @@ def gap(engine: list[float], learner: list[float], mask: list[int], turns: list[
 
 
 def report(rows: list[dict[str, object]]) -> str:
-    lines = ["| engine | turns | response positions | policy tokens | learner's mean log-prob | mean e - l | "
+    lines = ["| model | engine | turns | response positions | policy tokens | learner's mean log-prob | mean e - l | "
              "mean abs | max abs | k1 | k3 | ratio p0.1% | p50 | p99.9% | min | max | tokens p < 0.9 | k3 on them |",
-             "|---" * 17 + "|"]
+             "|---" * 18 + "|"]
     for row in rows:
         for b in row["bins"]:  # type: ignore[attr-defined]
-            lines.append(f"| {row['engine']} {row['dtype']} | {b['turns']} | "
+            lines.append(f"| {row['model']} | {row['engine']} {row['dtype']} | {b['turns']} | "
                          f"{b['positions'][0]:,}-{b['positions'][1]:,} | {b['tokens']:,} | "
                          + (f"{b['learner_mean']:.3f}" if "learner_mean" in b else "-")
                          + f" | {b['diff_mean']:.2e} | "
