@@ -42,6 +42,20 @@ def importance_ratios(log_prob: torch.Tensor, old: torch.Tensor, mask: torch.Ten
     return torch.exp(log_ratio)[keep]
 
 
+def ratio_metrics(log_prob: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, *, per_sequence: bool,
+                  clip_low: float, clip_high: float) -> dict[str, float]:
+    """``mismatch/ratio_mean``, ``ratio_max`` and ``clipped`` (the share outside ``[1 - clip_low,
+    1 + clip_high]``) of :func:`importance_ratios`; empty when ``mask`` marks no token. Rows may be
+    wider on one side (padding): the common width is compared."""
+    width = min(log_prob.shape[1], old.shape[1])
+    ratio = importance_ratios(log_prob[:, :width], old[:, :width], mask[:, :width], per_sequence)
+    if not ratio.numel():
+        return {}
+    outside = (ratio < 1 - clip_low) | (ratio > 1 + clip_high)
+    return {"mismatch/ratio_mean": ratio.mean().item(), "mismatch/ratio_max": ratio.max().item(),
+            "mismatch/clipped": outside.float().mean().item()}
+
+
 def unit_weight(turn: Turn) -> float:  # noqa: ARG001 - a TurnWeight
     """Every generated token counts once: the loss weight of RL samples."""
     return 1.0

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from turnstile.envs.files import atomic_write
-from turnstile.learner.batch import Sample, balance_for_ranks, collate, importance_ratios, samples_from_trajectories
+from turnstile.learner.batch import Sample, balance_for_ranks, collate, ratio_metrics, samples_from_trajectories
 from turnstile.learner.correction import CorrectionConfig, correct
 from turnstile.learner.credit.registry import Estimator
 from turnstile.learner.downsample import downsample, renormalise
@@ -414,7 +414,10 @@ class Learner:
         if not sft:
             if c.loss_settings().recompute_old_log_probs:  # decoupled: proximal, behaviour and current policies
                 recomputed = self._log_probs(self._actor, layout)
-                mismatch = self._inference_mismatch(padded, recomputed)
+                settings = c.loss_settings()
+                mismatch = ratio_metrics(recomputed, padded.tensors["old_log_probs"], padded.tensors["response_mask"],
+                                         per_sequence=c.loss == "gspo", clip_low=settings.clip_ratio_low,
+                                         clip_high=settings.clip_ratio_high)
                 data["old_log_probs"] = recomputed
                 mismatch.update(self._correct(data, padded, recomputed))
             if self._reference is not None:
@@ -449,19 +452,6 @@ class Learner:
             whole[:, :width] = kept.to(mask.dtype)
             data["response_mask"] = data["loss_mask"] = whole
         return metrics
-
-    def _inference_mismatch(self, padded: Any, recomputed: torch.Tensor) -> dict[str, float]:  # noqa: ANN401
-        """``mismatch/*`` of the rollout's log-probs against the learner's on the same weights."""
-        settings = self.config.loss_settings()
-        old, mask = padded.tensors["old_log_probs"], padded.tensors["response_mask"]
-        width = min(old.shape[1], recomputed.shape[1])
-        ratio = importance_ratios(recomputed[:, :width], old[:, :width], mask[:, :width],
-                                  per_sequence=self.config.loss == "gspo")
-        if not ratio.numel():
-            return {}
-        outside = (ratio < 1 - settings.clip_ratio_low) | (ratio > 1 + settings.clip_ratio_high)
-        return {"mismatch/ratio_mean": ratio.mean().item(), "mismatch/ratio_max": ratio.max().item(),
-                "mismatch/clipped": outside.float().mean().item()}
 
     def log_probs(self, samples: Sequence[Sample]) -> torch.Tensor:
         """Current-policy log-probs of each sample's response tokens (padded, 0 past the end; with

@@ -21,7 +21,7 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.engine_workers import TrainingWorker
 from verl.workers.utils.padding import no_padding_2_padding
 
-from turnstile.learner.batch import importance_ratios
+from turnstile.learner.batch import ratio_metrics
 
 
 class PolicyWorker(TrainingWorker):
@@ -103,12 +103,10 @@ def ppo_loss_with_mismatch(config: Any, model_output: TensorDict, data: TensorDi
         for key, value in {**measured, **summary(measured)}.items():
             metrics[key] = Metric(value=float(value), aggregation=AggregationType.MAX if key.endswith("max")
                                   else AggregationType.MEAN)
-    ratio = importance_ratios(log_prob, fields["old_log_probs"], fields["response_mask"],
-                              per_sequence=config.policy_loss.get("loss_mode") == "gspo")
-    if ratio.numel():
-        outside = (ratio < 1 - config.clip_ratio_low) | (ratio > 1 + config.clip_ratio_high)
-        metrics["mismatch/ratio_mean"] = Metric(value=ratio.mean().item(), aggregation=AggregationType.MEAN)
-        metrics["mismatch/ratio_max"] = Metric(value=ratio.max().item(), aggregation=AggregationType.MAX)
-        metrics["mismatch/clipped"] = Metric(value=outside.float().mean().item(),
-                                             aggregation=AggregationType.MEAN)
+    ratios = ratio_metrics(log_prob, fields["old_log_probs"], fields["response_mask"],
+                           per_sequence=config.policy_loss.get("loss_mode") == "gspo",
+                           clip_low=config.clip_ratio_low, clip_high=config.clip_ratio_high)
+    for key, value in ratios.items():
+        metrics[key] = Metric(value=value, aggregation=AggregationType.MAX if key.endswith("max")
+                              else AggregationType.MEAN)
     return loss, metrics
