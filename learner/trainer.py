@@ -114,7 +114,11 @@ class LearnerConfig:
     # GPUs that share one sample's sequence (Ulysses sequence parallelism; GPUs only): the learner
     # takes dp x sequence_parallel GPUs. The model's attention heads must divide by it.
     sequence_parallel: int = 1
-    num_cpus_per_worker: int = 1  # CPU only; on GPUs each rank takes one GPU
+    num_cpus_per_worker: int = 1  # CPU only; on GPUs each rank takes one GPU (or gpu_share of one)
+    # GPUs only: the share of a GPU each rank reserves in Ray, 1/k (0.5, 0.25, ...). Below 1 the
+    # ranks leave room on their GPU for an engine replica with rollout.fleet.engine_gpus of it (and a
+    # gpu_memory_utilization that leaves the learner its memory): one GPU for both.
+    gpu_share: float = 1.0
     # CPU only: torch threads per rank; 0 = num_cpus_per_worker (Ray's rule). More than the CPUs
     # reserved is right where the rollout fleet idles while the learner trains (sync steps).
     threads: int = 0
@@ -146,6 +150,8 @@ class LearnerConfig:
             raise LearnerError("learner.head_chunk must be >= 0 (0 = project every position at once)")
         if self.sequence_parallel < 1:
             raise LearnerError("learner.sequence_parallel must be at least 1 (1 = each GPU holds whole samples)")
+        if not (0 < self.gpu_share <= 1 and abs(1 / self.gpu_share - round(1 / self.gpu_share)) < 1e-6):
+            raise LearnerError(f"learner.gpu_share={self.gpu_share} must be 1/k of a GPU: 1, 0.5, 0.25 ...")
         if self.sequence_parallel > 1 and self.gpu is False:
             raise LearnerError("learner.sequence_parallel > 1 splits a sample across GPUs: it needs learner.gpu "
                                "true (or empty, on a cluster with GPUs)")
@@ -277,7 +283,7 @@ class Learner:
 
         if self.config.gpu is not None:
             return self.config.gpu
-        return ray.cluster_resources().get("GPU", 0) >= self.config.processes
+        return ray.cluster_resources().get("GPU", 0) >= self.config.processes * self.config.gpu_share
 
     def _worker_group(self, name: str, *, forward_only: bool, use_gpu: bool) -> Any:  # noqa: ANN401
         import ray
@@ -287,13 +293,17 @@ class Learner:
             RayWorkerGroup,
         )
 
-        from turnstile.learner import verl_cpu
+        from turnstile.learner import verl_cpu, verl_workers
         from turnstile.learner.verl_workers import PolicyWorker
 
         config = self._worker_config(forward_only=forward_only, use_gpu=use_gpu)
         actor_class = RayClassWithInitArgs(cls=ray.remote(PolicyWorker), config=config)
         if use_gpu:
-            pool = RayResourcePool(process_on_nodes=[self.config.processes], use_gpu=True, max_colocate_count=1)
+            # veRL gives each worker 1 / max_colocate_count of its bundle's GPU: k workers' worth
+            # of a bundle makes each rank ask for 1/k, and SharedGpuPool's bundles hold only that.
+            share = round(1 / self.config.gpu_share)
+            pool = (RayResourcePool(process_on_nodes=[self.config.processes], use_gpu=True, max_colocate_count=1)
+                    if share == 1 else verl_workers.shared_gpu_pool(self.config.processes, share))
             env: dict[str, str] = {}
         else:
             actor_class.update_options({"num_cpus": self.config.num_cpus_per_worker})

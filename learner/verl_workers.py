@@ -110,3 +110,18 @@ def ppo_loss_with_mismatch(config: Any, model_output: TensorDict, data: TensorDi
         metrics[key] = Metric(value=value, aggregation=AggregationType.MAX if key.endswith("max")
                               else AggregationType.MEAN)
     return loss, metrics
+
+
+def shared_gpu_pool(ranks: int, share: int) -> Any:  # noqa: ANN401 - veRL's RayResourcePool
+    """veRL's resource pool for ``ranks`` workers on one node, each reserving ``1/share`` of a GPU
+    (``learner.gpu_share``): veRL asks ``1/max_colocate_count`` GPU for each worker, and its own
+    bundles would reserve whole GPUs, so the placement group is made here with bundles of that share."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from verl.single_controller.ray import RayResourcePool
+
+    pool = RayResourcePool(process_on_nodes=[ranks], use_gpu=True, max_colocate_count=share)
+    group = placement_group([{"CPU": 1, "GPU": 1 / share} for _ in range(ranks)], strategy="STRICT_PACK")
+    ray.get(group.ready())
+    pool.pgs = [group]  # type: ignore[assignment]  # veRL declares it None until it makes them
+    return pool

@@ -9,8 +9,8 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("serve_corpus", "episode", "expert", "build_model", "rollout", "score", "credit", "data", "sft", "train",
-            "eval", "view")
+COMMANDS = ("serve_corpus", "episode", "expert", "build_model", "rollout", "score", "credit", "data", "sft", "plan",
+            "train", "eval", "view")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

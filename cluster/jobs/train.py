@@ -35,6 +35,7 @@ from turnstile.cluster.jobs.run import (
 )
 from turnstile.cluster.jobs.session import fleet_session, init_ray, learner_demand
 from turnstile.cluster.jobs.train_async import async_loop
+from turnstile.cluster.plan import check_fit
 from turnstile.learner.credit import estimator_from_options
 from turnstile.learner.publish import WeightsArchive
 from turnstile.learner.trainer import Learner
@@ -56,6 +57,7 @@ def run_train(job: TrainJob, *, progress: bool = True) -> RunState:
 def _train(job: TrainJob, out: Path, console: TrainConsole) -> RunState:
     job = probing(job)  # information gain measured on the engines while episodes run, where it can be
     model = resolve_model(job.rollout.engine.model or job.learner.model)
+    check_fit(job, model)  # memory and placement on this Ray, before any actor (turnstile plan prints it all)
     estimator = estimator_from_options(job.estimator.kind, job.estimator.options)
     name = job.name or f"turnstile-{uuid.uuid4().hex[:8]}"
     # Each start of the driver gets its own namespace in the store: a resumed run regenerates

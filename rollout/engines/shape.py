@@ -1,5 +1,7 @@
-"""What an engine needs to know of its model before loading it: how long a sequence it takes, and
-what its key-value cache costs a token. Read from the model's ``config.json`` alone (no weights).
+"""What an engine (and the plan, :mod:`turnstile.cluster.plan`) needs to know of a model before
+loading it: how long a sequence it takes, what its key-value cache costs a token, how many
+parameters it has and what a token's activations cost. Read from the model's ``config.json`` alone
+(no weights).
 
 ``engine.max_model_len: 0`` (the default) follows the model: its config's maximum positions, or
 less where the run needs less (:func:`follow_model`). On vLLM-CPU the KV cache is an explicit size;
@@ -30,6 +32,33 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     positions: int | None  # the longest sequence the config allows; None where it names none
+    hidden: int = 0
+    heads: int = 0  # query heads
+    mlp: int = 0  # the MLP's inner width
+    vocab: int = 0
+    tied: bool = False  # the LM head shares the embedding's weights
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer: q, k, v and output projections, a gated MLP, two norms."""
+        q_dim, kv_dim = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.hidden * (2 * q_dim + 2 * kv_dim) + 3 * self.hidden * self.mlp + 2 * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.embedding_params * (1 if self.tied else 2) + self.hidden
+
+    def layer_activations(self, tokens: int, dtype_bytes: int = 2) -> float:
+        """Bytes one decoder layer keeps for backward over ``tokens``: the norms' outputs, q, k, v,
+        attention's output, the MLP's gate, up, activation and product (flash or SDPA attention
+        keeps no tokens x tokens matrix)."""
+        q_dim, kv_dim = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        per_token = 2 * self.hidden + 2 * q_dim + 2 * kv_dim + 4 * self.mlp
+        return float(dtype_bytes) * tokens * per_token
 
     def kv_bytes_per_token(self, dtype: str, tensor_parallel: int = 1) -> int:
         """Keys and values of every layer for one token, on one tensor-parallel rank."""
@@ -44,16 +73,29 @@ class ModelShape:
 
 
 def model_shape(model: str) -> ModelShape:
-    """The shape of the model in directory (or hub cache name) ``model``, from its config."""
+    """The shape of the model in directory (or hub cache name) ``model``, from its config; a
+    ValueError in one line where there is no readable config.json."""
+    from pathlib import Path
+
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(model).get_text_config()  # a multimodal model's language part
+    if Path(model).is_dir() and not (Path(model) / "config.json").is_file():
+        raise ValueError(f"{model} has no config.json: give a Hugging Face model directory (config.json, "
+                         "tokenizer, weights)")
+    try:
+        config = AutoConfig.from_pretrained(model).get_text_config()  # a multimodal model's language part
+    except (OSError, ValueError, KeyError) as error:
+        raise ValueError(f"{model}: no readable Hugging Face config.json there ({str(error).splitlines()[0][:160]}); "
+                         "give a model directory (config.json, tokenizer, weights)") from None
     heads = int(config.num_attention_heads)
     kv_heads = next((int(value) for key in KV_HEAD_KEYS if (value := getattr(config, key, None))), heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    hidden = int(config.hidden_size)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
     positions = [int(value) for key in POSITION_KEYS if (value := getattr(config, key, None))]
+    mlp = int(getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * hidden)
     return ModelShape(layers=int(config.num_hidden_layers), kv_heads=kv_heads, head_dim=head_dim,
-                      positions=min(positions) if positions else None)
+                      positions=min(positions) if positions else None, hidden=hidden, heads=heads, mlp=mlp,
+                      vocab=int(config.vocab_size), tied=bool(getattr(config, "tie_word_embeddings", False)))
 
 
 def follow_model(engine: EngineConfig, model: str, room: int | None = None) -> EngineConfig:
