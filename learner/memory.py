@@ -13,7 +13,8 @@ weights, bfloat16 compute, float32 gradient reduction, AdamW):
   else ``micro_batch`` samples of ``max_length`` over ``sequence_parallel``): with gradient
   checkpointing each decoder layer keeps its input and the layer being recomputed holds its own
   (:meth:`~turnstile.rollout.engines.shape.ModelShape.layer_activations`) plus the gradients of two
-  MLP-sized tensors; without it every layer keeps its own;
+  MLP-sized tensors; without it every layer keeps its own, and backward holds one layer's worth of
+  gradients besides;
 - the LM head: the whole-logits path (``head_chunk: 0``) holds bf16 logits of every position, their
   gradient and a float32 softmax; the chunked head (learner/head.py) the same for ``head_chunk``
   positions;
@@ -65,8 +66,8 @@ def policy_memory(shape: ModelShape, config: LearnerConfig, *, gpu: bool,
         parts["activations: layer inputs"] = float(compute) * tokens * shape.hidden * shape.layers
         parts["activations: the recomputed layer"] = (shape.layer_activations(tokens, compute)
                                                       + 2.0 * compute * tokens * shape.mlp)
-    else:
-        parts["activations: every layer"] = shape.layer_activations(tokens, compute) * shape.layers
+    else:  # and, in backward, the gradients of one layer's worth
+        parts["activations: every layer"] = shape.layer_activations(tokens, compute) * (shape.layers + 1)
     parts["LM head: logits, their grad, fp32 softmax"] = head_rows(config, tokens) * shape.vocab * (2.0 * compute + 4)
     parts["CUDA context, NCCL, fragmentation" if gpu else "the process (Python, torch, veRL)"] = (
         GPU_OVERHEAD if gpu else CPU_PROCESS)

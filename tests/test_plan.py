@@ -151,7 +151,8 @@ def test_the_learner_memory_by_hand() -> None:
     assert parts["activations: layer inputs"] == 2 * 32768 * 4096 * 36
     assert parts["LM head: logits, their grad, fp32 softmax"] == 1024 * 151936 * 8
     cpu = policy_memory(shape, LearnerConfig(mini_batch=8, micro_batch=2, max_length=4096), gpu=False)
-    assert cpu["activations: every layer"] == 2 * shape.layer_activations(2 * 4096, 2) * 36  # fp32: twice bf16
+    # fp32 (twice bf16), every layer and one more layer's worth of gradients in backward
+    assert cpu["activations: every layer"] == 2 * shape.layer_activations(2 * 4096, 2) * 37
 
 
 def model_dir_static(config: dict[str, object]) -> str:
@@ -199,3 +200,47 @@ def test_train_refuses_a_misfit_before_any_actor(tmp_path: Path) -> None:
     [line] = [line for line in result.stdout.splitlines() if line.startswith("turnstile train:")]
     assert "does not fit this machine" in line and "lower rollout.fleet.workers to" in line, line
     assert not (out / "fleet.jsonl").exists()  # the fleet never started
+
+
+SHARED_GPU = """
+import ray
+from ray.util.placement_group import placement_group
+ray.init(num_cpus=3, num_gpus=1, include_dashboard=False, log_to_driver=False)
+from turnstile.learner.verl_workers import shared_gpu_pool
+pool = shared_gpu_pool(1, 2)  # the learner's rank: half of the GPU (learner.gpu_share=0.5)
+[group] = pool.pgs
+print("bundle", group.bundle_specs[0]["GPU"], "worker", 1 / pool.max_colocate_count)
+
+@ray.remote(num_gpus=0.5, num_cpus=1)
+class Engine:  # an engine replica with rollout.fleet.engine_gpus=0.5
+    def gpus(self):
+        return ray.get_gpu_ids()
+
+print("engine", ray.get(Engine.remote().gpus.remote(), timeout=60))
+whole = placement_group([{"CPU": 1, "GPU": 1}])  # what veRL's own pool would have asked for
+print("whole GPU free", whole.wait(timeout_seconds=3))
+"""
+
+
+@pytest.mark.integration
+def test_a_learner_rank_and_an_engine_share_one_gpu() -> None:
+    """Ray with one (logical) GPU: the learner's resource pool at learner.gpu_share=0.5 reserves half
+    of it, an engine replica asking for the other half starts beside it, and nothing is left for a
+    whole-GPU bundle (which veRL's own pool would have reserved). Its own Ray in a subprocess: the
+    session's has no GPU."""
+    result = subprocess.run([sys.executable, "-c", SHARED_GPU], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stdout.splitlines()
+    assert "bundle 0.5 worker 0.5" in said
+    assert any(line.startswith("engine [") for line in said), said
+    assert "whole GPU free False" in said
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 1.5, -0.5])
+def test_a_gpu_share_is_one_kth(share: float) -> None:
+    from turnstile.learner.trainer import LearnerError
+
+    with pytest.raises(LearnerError, match=r"learner.gpu_share=.* must be 1/k of a GPU"):
+        LearnerConfig(gpu_share=share)
+    assert LearnerConfig(gpu_share=0.25).gpu_share == 0.25

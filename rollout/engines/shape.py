@@ -53,11 +53,14 @@ class ModelShape:
         return self.layers * self.layer_params + self.embedding_params * (1 if self.tied else 2) + self.hidden
 
     def layer_activations(self, tokens: int, dtype_bytes: int = 2) -> float:
-        """Bytes one decoder layer keeps for backward over ``tokens``: the norms' outputs, q, k, v,
-        attention's output, the MLP's gate, up, activation and product (flash or SDPA attention
-        keeps no tokens x tokens matrix)."""
+        """Bytes one decoder layer keeps for backward over ``tokens``, as autograd saves them in a
+        Hugging Face decoder layer: each norm's input and output (4 x hidden); q, its normed and
+        rotated copies, keys and values repeated to the query heads, attention's output and its
+        reshaped copy (7 x q); k, its normed and rotated copies, v (4 x kv); the MLP's gate, its
+        activation, up and their product (4 x MLP). Attention itself keeps no tokens x tokens matrix
+        (flash or SDPA). Models without q/k norms keep a little less."""
         q_dim, kv_dim = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        per_token = 2 * self.hidden + 2 * q_dim + 2 * kv_dim + 4 * self.mlp
+        per_token = 4 * self.hidden + 7 * q_dim + 4 * kv_dim + 4 * self.mlp
         return float(dtype_bytes) * tokens * per_token
 
     def kv_bytes_per_token(self, dtype: str, tensor_parallel: int = 1) -> int:
