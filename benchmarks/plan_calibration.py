@@ -75,18 +75,23 @@ def main() -> None:
             sampler.join()
         sampler.poll()
     rows = load(log)
-    peak = {role: max(row["rss_mb"].get(role, 0.0) for row in rows) for role in ROLES.values()}
+    peak = {role: max(row.get("peak_mb", row["rss_mb"]).get(role, 0.0) for row in rows) for role in ROLES.values()}
+    processes = {role: max(row["processes"].get(role, 0) for row in rows) for role in ROLES.values()}
     print(f"\n{args.config or 'the embedded default'}: {len(rows)} readings (steps {rows[0]['step']}-"
-          f"{rows[-1]['step']}), largest RSS of each role against the plan on this machine")
-    print("| role | count | plan (MB) | measured (MB) | plan / measured |")
-    print("|---|---|---|---|---|")
+          f"{rows[-1]['step']}), each role's peak RSS (the sum of its processes' VmHWM) against the plan on "
+          "this machine")
+    print("| role | count | processes | plan (MB) | measured peak (MB) | plan / measured |")
+    print("|---|---|---|---|---|---|")
     result = []
     for role in plan.roles:
         name = ROLES.get(role.name)
         if name is None or not peak.get(name):
             continue
         planned = role.host_bytes * role.count / MB
-        print(f"| {role.name} | {role.count} | {planned:.0f} | {peak[name]:.0f} | {planned / peak[name]:.2f} |")
+        if name == "rollout workers" and processes[name] <= role.count:  # no Chromium was started: no page needed it
+            planned -= role.parts.get("Chromium", 0.0) * role.count / MB
+        print(f"| {role.name} | {role.count} | {processes[name]} | {planned:.0f} | {peak[name]:.0f} | "
+              f"{planned / peak[name]:.2f} |")
         result.append({"role": role.name, "plan_mb": planned, "measured_mb": peak[name]})
     (args.out / "calibration.json").write_text(json.dumps(result, indent=1))
 

@@ -87,9 +87,11 @@ def role_of(process: psutil.Process) -> str:
 
 
 def reading(step: int) -> dict[str, object]:
-    """RSS by role (MB, and the number of processes) of every process under this one, and the
-    object store's bytes in use."""
+    """RSS by role (MB, and the number of processes) of every process under this one, the sum of
+    their peaks so far (``VmHWM``: a process' largest RSS since it started), and the object store's
+    bytes in use."""
     rss: dict[str, float] = defaultdict(float)
+    peak: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     ray_own: dict[str, float] = defaultdict(float)  # which of Ray's processes, if that role grows
     for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
@@ -99,11 +101,24 @@ def reading(step: int) -> dict[str, object]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue  # it ended between the listing and the reading
         rss[role] += size / MB
+        peak[role] += high_water_mark(process.pid, size) / MB
         count[role] += 1
         if name:
             ray_own[name] += size / MB
-    return {"step": step, "rss_mb": dict(rss), "processes": dict(count), "object_store_mb": object_store_mb(),
-            "ray_own_mb": dict(ray_own)}
+    return {"step": step, "rss_mb": dict(rss), "peak_mb": dict(peak), "processes": dict(count),
+            "object_store_mb": object_store_mb(), "ray_own_mb": dict(ray_own)}
+
+
+def high_water_mark(pid: int, rss: int) -> int:
+    """The process' peak RSS in bytes (``VmHWM`` in /proc/PID/status); ``rss`` where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return rss
 
 
 def service_name(cmdline: list[str]) -> str:

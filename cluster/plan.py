@@ -325,10 +325,10 @@ def _roles(job: TrainJob, shape: ModelShape, model: str, gpu_run: bool) -> tuple
                           REWARD_HOST + (0.0 if service.worker_gpus else scoring),
                           {"the worker": REWARD_HOST, **({"scoring model": scoring} if scoring else {})},
                           each="reward_service.worker_cpus and worker_gpus"))
-        if job.store.kind == "memory":
-            roles.append(Role("store", "store.kind", 1, 0.0, 0.0, 0.0, STORE_HOST))
     elif scoring := _scoring_model(job, shape, gpu=False):
         notes.append(f"sync mode scores rewards in the driver: its scoring model adds {scoring / GB:.1f} GB there")
+    if job.store.kind == "memory":  # the episodes' checkpoints (and async's queue) in an actor of the run
+        roles.append(Role("store", "store.kind", 1, 0.0, 0.0, 0.0, STORE_HOST))
     roles.append(Role("driver", "(the command)", 1, 0.0, 0.0, 0.0, DRIVER_HOST + (
         _scoring_model(job, shape, gpu=False) if job.mode == "sync" else 0.0)))
     if engine.kind == "vllm" and gpu_run and engine.dtype == "float32":

@@ -75,10 +75,11 @@ def test_the_one_gpu_recipe_shares_its_gpu(tmp_path: Path) -> None:
 
 def test_todays_gpu_example_needs_two_nodes(tmp_path: Path) -> None:
     model = model_dir(tmp_path, QWEN3_8B)
-    plan = plan_of("examples/train_gpu.yaml", "1x8xh100", model)
+    plan = plan_of("examples/train_gpu.yaml", "1x8xh100", model)  # 8 engines, 4 policy and 4 reference GPUs
     assert not plan.fits
-    [problem] = plan.problems
-    assert problem.startswith("reference rank: 4 x") and "room for 0" in problem
+    engines, reference = plan.problems
+    assert engines.startswith("engine replica: 8 x") and engines.endswith("lower rollout.fleet.engine_replicas to 4")
+    assert reference.startswith("reference rank: 4 x") and "room for 0" in reference
 
 
 def test_a_learner_misfit_names_a_token_budget_that_fits(tmp_path: Path) -> None:
