@@ -87,7 +87,7 @@ class Node:
 
     def describe(self) -> str:
         gpus = f"{self.gpus} x {self.gpu.name}, " if self.gpus and self.gpu else ""
-        return f"{gpus}{self.cpus:g} CPUs, {self.host / GB:.0f} GB"
+        return f"{gpus}{self.cpus:g} CPUs, {self.host / GB:.3g} GB"
 
 
 @dataclass(frozen=True)
@@ -448,7 +448,8 @@ def _unplaced(role: Role, cluster: Cluster, room: int, *, together: bool) -> str
                 f"lower {role.each or 'what each asks for'}, or use larger nodes")
     where = "on one node (a veRL worker group), beside the other roles" if together else "beside the other roles"
     fix = (f"lower {role.setting} to {room}" if room else
-           "free a node for them (fewer of the roles placed before), or add nodes")
+           "add nodes, or lower what the roles placed before them take" if together else
+           "add memory, CPUs or nodes, or lower what the roles placed before it take")
     return f"{role.name}: {role.count} x ({each}) do not fit {where}; room for {room}: {fix}"
 
 

@@ -245,3 +245,24 @@ def test_a_gpu_share_is_one_kth(share: float) -> None:
     with pytest.raises(LearnerError, match=r"learner.gpu_share=.* must be 1/k of a GPU"):
         LearnerConfig(gpu_share=share)
     assert LearnerConfig(gpu_share=0.25).gpu_share == 0.25
+
+
+@pytest.mark.parametrize("started_here", [True, False])
+def test_train_refuses_on_its_own_ray_and_warns_on_a_joined_one(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], started_here: bool) -> None:
+    from turnstile.cluster import plan
+    from turnstile.cluster.fleet import room
+    from turnstile.cluster.fleet.room import ClusterTooSmall
+    from turnstile.rollout.model_store import ensure_default_model
+
+    small = parse_cluster("1xcpu,cpus=4,mem=4.5")  # the default job needs ~5.5 GB
+    monkeypatch.setattr(plan, "ray_cluster", lambda: small)
+    monkeypatch.setattr(room, "started_here", lambda: started_here)
+    job = load_config(TrainJob, None, [])
+    if started_here:
+        with pytest.raises(ClusterTooSmall, match=r"does not fit this machine \(1 x \(4 CPUs, 4.5 GB\).*rollout worker: 1 x .*room for 0"):
+            plan.check_fit(job, str(ensure_default_model()))
+    else:
+        plan.check_fit(job, str(ensure_default_model()))  # the cluster may grow: go on, and say so
+        said = capsys.readouterr().err
+        assert said.startswith("turnstile: the plan says the run does not fit the cluster as it is now:"), said
