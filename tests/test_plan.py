@@ -260,7 +260,8 @@ def test_train_refuses_on_its_own_ray_and_warns_on_a_joined_one(
     monkeypatch.setattr(room, "started_here", lambda: started_here)
     job = load_config(TrainJob, None, [])
     if started_here:
-        with pytest.raises(ClusterTooSmall, match=r"does not fit this machine \(1 x \(4 CPUs, 4.5 GB\).*rollout worker: 1 x .*room for 0"):
+        refused = r"does not fit this machine \(1 x \(4 CPUs, 4.5 GB\).*rollout worker: 1 x .*room for 0"
+        with pytest.raises(ClusterTooSmall, match=refused):
             plan.check_fit(job, str(ensure_default_model()))
     else:
         plan.check_fit(job, str(ensure_default_model()))  # the cluster may grow: go on, and say so
