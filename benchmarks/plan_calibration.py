@@ -21,10 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.soak import Sampler, load
+from benchmarks.soak import load, run_sampled
 from turnstile.cluster.cli.config import load_config
 from turnstile.cluster.jobs.run import TrainJob
-from turnstile.cluster.jobs.train import run_train
 from turnstile.cluster.plan import make_plan, this_machine
 from turnstile.learner.memory import policy_memory
 from turnstile.learner.trainer import LearnerConfig
@@ -66,14 +65,7 @@ def main() -> None:
                                               "checkpoint_every=1", f"out={run_dir}", "name=calibration"])
     plan = make_plan(job, this_machine(job.rollout.ray.num_cpus))
     if not log.is_file():
-        sampler = Sampler(run_dir, log)
-        sampler.start()
-        try:
-            run_train(job, progress=False)
-        finally:
-            sampler.stop.set()
-            sampler.join()
-        sampler.poll()
+        run_sampled(job, log)
     rows = load(log)
     peak = {role: max(row.get("peak_mb", row["rss_mb"]).get(role, 0.0) for row in rows) for role in ROLES.values()}
     processes = {role: max(row["processes"].get(role, 0) for row in rows) for role in ROLES.values()}

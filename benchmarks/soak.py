@@ -165,6 +165,18 @@ class Sampler(threading.Thread):
             self.last = step
 
 
+def run_sampled(job: TrainJob, log: Path) -> None:
+    """``run_train(job)`` with a :class:`Sampler` appending a reading to ``log`` at each step's checkpoint."""
+    sampler = Sampler(Path(job.out), log)
+    sampler.start()
+    try:
+        run_train(job, progress=False)
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    sampler.poll()  # the last step, if the run ended before the sampler saw it (Ray is still up)
+
+
 def load(log: Path) -> list[dict]:
     if not log.is_file():
         return []
@@ -224,14 +236,7 @@ def main() -> None:
     if not args.report_only:
         run_dir.mkdir(parents=True, exist_ok=True)
         job = load_config(TrainJob, EXAMPLE, overrides(args.steps, run_dir, resume=(run_dir / "run.json").is_file()))
-        sampler = Sampler(run_dir, log)
-        sampler.start()
-        try:
-            run_train(job, progress=False)
-        finally:
-            sampler.stop.set()
-            sampler.join()
-        sampler.poll()  # the last step, if the run ended before the sampler saw it (Ray is still up)
+        run_sampled(job, log)
     rows = load(log)
     if not rows:
         raise SystemExit(f"{log}: no readings")
