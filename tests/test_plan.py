@@ -169,24 +169,35 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.Co
                           capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False)
 
 
-def test_the_command_line(tmp_path: Path) -> None:
+def plan_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``turnstile plan ARGS`` in this process, from the repository root: its exit code and output."""
+    from turnstile.cluster.cli import main
+
+    with pytest.raises(SystemExit) as exited, pytest.MonkeyPatch.context() as patch:
+        patch.chdir(ROOT)
+        main(["plan", *args])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return int(exited.value.code or 0), captured.out
+
+
+def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = model_dir(tmp_path, QWEN3_8B)
-    fits = run_cli("plan", "--config", "examples/gpu_node.yaml", "--cluster", "1x8xh100",
-                   f"rollout.engine.model={model}")
-    assert fits.returncode == 0, fits.stdout + fits.stderr
-    assert "fits: every role" in fits.stdout and "| policy rank | learner.dp | 4 |" in fits.stdout
-    misfit = run_cli("plan", "--config", "examples/train_gpu.yaml", "--cluster", "1x8xh100",
-                     f"rollout.engine.model={model}", "--json")
-    assert misfit.returncode == 1
-    assert json.loads(misfit.stdout)["fits"] is False
+    code, said = plan_cli(capsys, "--config", "examples/gpu_node.yaml", "--cluster", "1x8xh100",
+                          f"rollout.engine.model={model}")
+    assert code == 0, said
+    assert "fits: every role" in said and "| policy rank | learner.dp | 4 |" in said
+    code, said = plan_cli(capsys, "--config", "examples/train_gpu.yaml", "--cluster", "1x8xh100",
+                          f"rollout.engine.model={model}", "--json")
+    assert code == 1
+    assert json.loads(said)["fits"] is False
     empty = tmp_path / "empty"
     empty.mkdir()
-    for args, said in [((f"rollout.engine.model={empty}",), "no config.json"),
-                       (("--cluster", "2x8xquantum"), "unknown kind 'quantum'"),
-                       (("learner.dp=0",), "learner.dp")]:
-        bad = run_cli("plan", *args)
-        assert bad.returncode == 2, bad.stdout + bad.stderr
-        assert said in bad.stdout and bad.stdout.count("\n") == 1 and "Traceback" not in bad.stderr, bad.stdout
+    for args, expected in [((f"rollout.engine.model={empty}",), "no config.json"),
+                           (("--cluster", "2x8xquantum"), "unknown kind 'quantum'"),
+                           (("learner.dp=0",), "learner.dp")]:
+        code, said = plan_cli(capsys, *args)
+        assert code == 2 and expected in said and said.count("\n") == 1, said
 
 
 @pytest.mark.integration
