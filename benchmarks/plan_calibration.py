@@ -28,7 +28,7 @@ from turnstile.cluster.plan import make_plan, this_machine
 from turnstile.learner.memory import policy_memory
 from turnstile.learner.trainer import LearnerConfig
 from turnstile.rollout.engines.shape import model_shape
-from turnstile.rollout.model_store import ensure_default_model
+from turnstile.rollout.model_store import ensure_default_model, resolve_model
 
 MB = 1 << 20
 # the soak's role names for the plan's
@@ -38,11 +38,12 @@ ROLES = {"engine replica": "engines", "rollout worker": "rollout workers", "poli
 LEARNER_LONG = [(5_098, 1.08), (23_623, 2.24), (45_744, 3.72), (90_089, 5.71)]
 
 
-def learner_rows() -> list[str]:
-    shape = model_shape(str(ensure_default_model()))
+def learner_rows(model: str = "", measured_rows: list[tuple[int, float]] = LEARNER_LONG) -> list[str]:
+    """The plan's policy-rank figure against measured peaks (tokens of one sample, GiB)."""
+    shape = model_shape(resolve_model(model) if model else str(ensure_default_model()))
     config = LearnerConfig(mini_batch=1, micro_batch=1, max_length=131072, head_chunk=1024)
     lines = ["| sample tokens | plan (GiB) | measured peak (GiB) | plan / measured |", "|---|---|---|---|"]
-    for tokens, measured in LEARNER_LONG:
+    for tokens, measured in measured_rows:
         planned = sum(policy_memory(shape, config, gpu=False, tokens=tokens).values()) / 2**30
         lines.append(f"| {tokens:,} | {planned:.2f} | {measured:.2f} | {planned / measured:.2f} |")
     return lines
@@ -54,9 +55,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("runs/plan_calibration"))
     parser.add_argument("--learner-only", action="store_true", help="only the learner's table (runs nothing)")
+    parser.add_argument("--learner-rows", type=Path, default=None,
+                        help="benchmarks/learner_long.py's rows (JSONL) to compare instead of learner.md's")
+    parser.add_argument("--model", default="", help="the model of --learner-rows (default: the tiny model)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the config")
     args = parser.parse_args()
-    print("\n".join(learner_rows()))
+    if args.learner_rows:
+        rows = [json.loads(line) for line in args.learner_rows.read_text().splitlines() if line.strip()]
+        print("\n".join(learner_rows(args.model, [(r["tokens"], r["peak_rss"] / 2**30) for r in rows
+                                                   if r["head_chunk"]])))
+    else:
+        print("\n".join(learner_rows()))
     if args.learner_only:
         return
     run_dir, log = args.out / "run", args.out / "memory.jsonl"
