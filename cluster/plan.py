@@ -373,13 +373,19 @@ def _engine_role(job: TrainJob, shape: ModelShape, model: str) -> Role:
     return role
 
 
+SCORED_POSITIONS = 1024  # logits a scorer holds at once: the pseudo-responses of a chunk of boundaries
+
+
 def _scoring_model(job: TrainJob, shape: ModelShape, *, gpu: bool) -> float:
-    """Bytes of the model a reward scores with after the fact (information gain off the engines)."""
+    """Bytes of the model a reward scores with after the fact (information gain off the engines):
+    its weights (bf16 on a GPU, fp32 on CPU), one layer's activations over a whole context (forward
+    only, no gradients) and fp32 logits for :data:`SCORED_POSITIONS` positions."""
     for spec, on_engines in placed_rewards(job):
         if spec.kind == "information_gain" and not on_engines:
+            dtype = 2 if gpu else 4
             context = job.rollout.episode.context_budget
-            return (2.0 if gpu else 4.0) * shape.params + shape.layer_activations(context, 2 if gpu else 4) \
-                + 4.0 * context * shape.vocab / 8
+            return (float(dtype) * shape.params + shape.layer_activations(context, dtype)
+                    + 4.0 * SCORED_POSITIONS * shape.vocab)
     return 0.0
 
 

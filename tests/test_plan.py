@@ -278,3 +278,23 @@ def test_train_refuses_on_its_own_ray_and_warns_on_a_joined_one(
         plan.check_fit(job, str(ensure_default_model()))  # the cluster may grow: go on, and say so
         said = capsys.readouterr().err
         assert said.startswith("turnstile: the plan says the run does not fit the cluster as it is now:"), said
+
+
+def test_a_scoring_model_off_the_engines_is_planned_where_it_runs() -> None:
+    """Information gain scored after the fact loads the model in each reward worker (fp32 on CPU);
+    scored on the engines during rollout, the workers hold none."""
+    from turnstile.cluster.plan import REWARD_HOST, SCORED_POSITIONS, this_machine
+    from turnstile.rollout.model_store import ensure_default_model
+
+    model = str(ensure_default_model())
+    shape = model_shape(model)
+    after = load_config(TrainJob, None, ["mode=async", "reward_service.workers=2",
+                                         "rewards=[{kind: information_gain, options: {scorer: kv_cache}}]"])
+    worker = next(r for r in make_plan(after, this_machine(8), model=model).roles if r.name == "reward worker")
+    context = after.rollout.episode.context_budget
+    scoring = 4.0 * shape.params + shape.layer_activations(context, 4) + 4.0 * SCORED_POSITIONS * shape.vocab
+    assert worker.count == 2 and worker.host_bytes == pytest.approx(REWARD_HOST + scoring)
+    during = load_config(TrainJob, None, ["mode=async",
+                                          "rewards=[{kind: information_gain, options: {scorer: engine}}]"])
+    worker = next(r for r in make_plan(during, this_machine(8), model=model).roles if r.name == "reward worker")
+    assert worker.host_bytes == REWARD_HOST
