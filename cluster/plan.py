@@ -60,6 +60,9 @@ REWARD_HOST = 0.65 * GB  # a reward worker before any scoring model
 STORE_HOST = 0.15 * GB  # the memory store's actor (Redis runs outside the run)
 RAY_HOST = 0.7 * GB  # Ray's own processes on a node (raylet, GCS on the head, agents)
 ENGINE_GPU_OVERHEAD = 2.0 * GB  # vLLM's activations and CUDA graphs beside weights and KV (assumed)
+# A learner rank on a GPU, in host memory: CUDA libraries and the process (assumed), and the model
+# loaded in fp32 before FSDP shards it (4 bytes a parameter, added where it is used).
+RANK_HOST_GPU = 3.0 * GB
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,7 @@ def _learner_on_gpu(config: LearnerConfig, gpu_run: bool) -> bool:
 
 
 def _roles(job: TrainJob, shape: ModelShape, model: str, gpu_run: bool) -> tuple[list[Role], list[str]]:
+    """Every role of the run with what one instance needs, and notes for the user."""
     rollout, fleet, engine = job.rollout, job.rollout.fleet, job.rollout.engine
     notes: list[str] = []
     roles = [_engine_role(job, shape, model)]
@@ -306,16 +310,16 @@ def _roles(job: TrainJob, shape: ModelShape, model: str, gpu_run: bool) -> tuple
     rank_setting = "learner.dp" if learner.sequence_parallel == 1 else "learner.dp x learner.sequence_parallel"
     if on_gpu:
         roles.append(Role("policy rank", rank_setting, learner.processes, cpus, share, sum(policy.values()),
-                          3.0 * GB + 4.0 * shape.params, policy, group=True,
+                          RANK_HOST_GPU + 4.0 * shape.params, policy, group=True,
                           note=f"{tokens_per_rank(learner):,} tokens a forward"))
     else:
-        roles.append(Role("policy rank", rank_setting, learner.dp, cpus, 0.0, 0.0, sum(policy.values()) * 1.0,
+        roles.append(Role("policy rank", rank_setting, learner.dp, cpus, 0.0, 0.0, sum(policy.values()),
                           policy, group=True, note=f"{tokens_per_rank(learner):,} tokens a forward, CPU"))
     if learner.kl_coef > 0:
         reference = reference_memory(shape, learner, gpu=on_gpu)
         roles.append(Role("reference rank", rank_setting + " (kl_coef > 0)",
                           learner.processes if on_gpu else learner.dp, cpus, share,
-                          reference if on_gpu else 0.0, 3.0 * GB if on_gpu else reference,
+                          reference if on_gpu else 0.0, RANK_HOST_GPU if on_gpu else reference,
                           {"forward only": reference}, group=True))
     if job.mode == "async":
         service = job.reward_service
