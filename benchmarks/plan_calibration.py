@@ -1,4 +1,4 @@
-"""The plan's host-memory figures (`turnstile plan`, cluster/plan.py) against what a real run uses:
+"""The plan's host-memory figures (`turnstile plan`, cluster/jobs/plan.py) against what a real run uses:
 a few steps of `turnstile train` on a config, read by the soak's sampler (benchmarks/soak.py: the
 RSS of every process of the run by role, after each step's checkpoint), the largest reading of
 each role against the plan's figure for it on this machine. Also the learner's figure against the
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.soak import load, run_sampled
 from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.plan import make_plan, this_machine
 from turnstile.cluster.jobs.run import TrainJob
-from turnstile.cluster.plan import make_plan, this_machine
 from turnstile.learner.memory import policy_memory
 from turnstile.learner.trainer import LearnerConfig
 from turnstile.rollout.engines.shape import model_shape

@@ -1,5 +1,5 @@
 """The learner's memory per rank, from the model's shape and the ``learner`` settings: a model
-(arithmetic), not a measurement. :mod:`turnstile.cluster.plan` adds it up with the other roles;
+(arithmetic), not a measurement. :mod:`turnstile.cluster.jobs.plan` adds it up with the other roles;
 ``benchmarks/learner_memory.py`` prints it by context length; docs/benchmarks/plan.md compares it
 with measured peaks.
 

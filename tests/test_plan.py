@@ -1,4 +1,4 @@
-"""`turnstile plan` (cluster/plan.py): the recipes fit their clusters, a misfit names a setting and
+"""`turnstile plan` (cluster/jobs/plan.py): the recipes fit their clusters, a misfit names a setting and
 a value that fits (planned again, it does), bad input is one line each, and `turnstile train`
 refuses a run that does not fit a Ray it started before any actor starts.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from turnstile.cluster.cli.config import load_config
+from turnstile.cluster.jobs.plan import GB, PlanError, make_plan, parse_cluster, render
 from turnstile.cluster.jobs.run import TrainJob
-from turnstile.cluster.plan import GB, PlanError, make_plan, parse_cluster, render
 from turnstile.learner.memory import policy_memory
 from turnstile.learner.trainer import LearnerConfig
 from turnstile.rollout.engines.shape import model_shape
@@ -261,9 +261,9 @@ def test_a_gpu_share_is_one_kth(share: float) -> None:
 @pytest.mark.parametrize("started_here", [True, False])
 def test_train_refuses_on_its_own_ray_and_warns_on_a_joined_one(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], started_here: bool) -> None:
-    from turnstile.cluster import plan
     from turnstile.cluster.fleet import room
     from turnstile.cluster.fleet.room import ClusterTooSmall
+    from turnstile.cluster.jobs import plan
     from turnstile.rollout.model_store import ensure_default_model
 
     small = parse_cluster("1xcpu,cpus=4,mem=4.5")  # the default job needs ~5.5 GB
@@ -283,7 +283,7 @@ def test_train_refuses_on_its_own_ray_and_warns_on_a_joined_one(
 def test_a_scoring_model_off_the_engines_is_planned_where_it_runs() -> None:
     """Information gain scored after the fact loads the model in each reward worker (fp32 on CPU);
     scored on the engines during rollout, the workers hold none."""
-    from turnstile.cluster.plan import REWARD_HOST, SCORED_POSITIONS, this_machine
+    from turnstile.cluster.jobs.plan import REWARD_HOST, SCORED_POSITIONS, this_machine
     from turnstile.rollout.model_store import ensure_default_model
 
     model = str(ensure_default_model())

@@ -69,7 +69,7 @@ def test_a_train_run_the_local_ray_cannot_hold_is_refused_before_any_actor_start
                                           "name=toobig", f"out={tmp_path}"])
     with pytest.raises(ClusterTooSmall) as refused:
         run_train(job, progress=False)
-    said = str(refused.value)  # the plan's check (cluster/plan.py), before the fleet's own
+    said = str(refused.value)  # the plan's check (cluster/jobs/plan.py), before the fleet's own
     assert f"the run does not fit this machine (1 x ({cpus:g} CPUs" in said
     room = re.search(rf"reward worker: {workers} x \(1 CPU, [0-9.]+ GB host\) do not fit beside the other roles; "
                      r"room for (\d+): lower reward_service.workers to (\d+)", said)

@@ -25,6 +25,7 @@ from turnstile.cluster.jobs.metrics import (
     is_correct,
     paired_difference,
 )
+from turnstile.cluster.jobs.plan import check_fit
 from turnstile.cluster.jobs.run import (
     Run,
     RunState,
@@ -35,7 +36,6 @@ from turnstile.cluster.jobs.run import (
 )
 from turnstile.cluster.jobs.session import fleet_session, init_ray, learner_demand
 from turnstile.cluster.jobs.train_async import async_loop
-from turnstile.cluster.plan import check_fit
 from turnstile.learner.credit import estimator_from_options
 from turnstile.learner.publish import WeightsArchive
 from turnstile.learner.trainer import Learner

@@ -1,4 +1,4 @@
-"""What an engine (and the plan, :mod:`turnstile.cluster.plan`) needs to know of a model before
+"""What an engine (and the plan, :mod:`turnstile.cluster.jobs.plan`) needs to know of a model before
 loading it: how long a sequence it takes, what its key-value cache costs a token, how many
 parameters it has and what a token's activations cost. Read from the model's ``config.json`` alone
 (no weights).

@@ -1,5 +1,5 @@
 """``turnstile plan``: where a training run's roles go and whether it fits, before anything starts
-(see :mod:`turnstile.cluster.plan`).
+(see :mod:`turnstile.cluster.jobs.plan`).
 
     turnstile plan                                                  # the embedded default, this machine
     turnstile plan --config examples/train_gpu.yaml --cluster 2x8xh100 \\
@@ -28,8 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from turnstile.cluster.cli.config import load_config
+    from turnstile.cluster.jobs.plan import Assumptions, default_cluster, make_plan, parse_cluster, plan_payload, render
     from turnstile.cluster.jobs.run import TrainJob
-    from turnstile.cluster.plan import Assumptions, default_cluster, make_plan, parse_cluster, plan_payload, render
 
     try:
         job = load_config(TrainJob, args.config, list(args.overrides))
