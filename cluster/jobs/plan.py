@@ -159,7 +159,8 @@ def this_machine(cpus: float | None = None) -> Cluster:
     if torch.cuda.is_available():
         gpus = torch.cuda.device_count()
         props = torch.cuda.get_device_properties(0)
-        gpu = GpuKind(props.name, float(props.total_memory), *_rates(props.name))
+        known = _known_gpu(props.name) or GPUS["h100"]
+        gpu = GpuKind(props.name, float(props.total_memory), known.tflops, known.bandwidth)
     cpus = float(cpus or os.cpu_count() or 1)
     return Cluster((Node(gpus, gpu, cpus, float(psutil.virtual_memory().total)),), "this machine")
 
@@ -205,7 +206,7 @@ def ray_cluster() -> Cluster:
         resources = info["Resources"]
         gpus = int(resources.get("GPU", 0))
         kind = next((key.split(":", 1)[1].lower() for key in resources if key.startswith("accelerator_type:")), "")
-        gpu = next((g for name, g in GPUS.items() if name in kind), None) if gpus else None
+        gpu = _known_gpu(kind) if gpus else None
         if gpus and gpu is None:
             gpu, assumed = GPUS["h100"], True
         nodes.append(Node(gpus, gpu, float(resources.get("CPU", 0)), float(resources.get("memory", 0))
@@ -213,10 +214,10 @@ def ray_cluster() -> Cluster:
     return Cluster(tuple(nodes), "the Ray cluster" + (" (GPU memory assumed 80 GB)" if assumed else ""))
 
 
-def _rates(name: str) -> tuple[float, float]:
+def _known_gpu(name: str) -> GpuKind | None:
+    """The preset whose key (h100, h200) the device or accelerator name contains."""
     lowered = name.lower()
-    gpu = next((g for key, g in GPUS.items() if key in lowered), GPUS["h100"])
-    return gpu.tflops, gpu.bandwidth
+    return next((gpu for key, gpu in GPUS.items() if key in lowered), None)
 
 
 @dataclass(frozen=True)
